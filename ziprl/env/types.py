@@ -1,0 +1,46 @@
+"""Plain data types shared by the env, the retriever and the datasets (no torch, no ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A corpus document: what `open` returns."""
+
+    doc_id: str
+    title: str
+    text: str
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked search result."""
+
+    doc_id: str
+    title: str
+    snippet: str
+    score: float
+    url: str = ""
+
+
+@dataclass
+class QAExample:
+    """One question in the unified schema of every dataset loader."""
+
+    id: str
+    question: str
+    answers: list[str]
+    supporting_titles: list[str] = field(default_factory=list)
+    source: str = ""
+
+
+class RetrieverLike(Protocol):
+    """What SearchCompressEnv needs from a retriever (in-process FAISS or a Ray Serve handle wrapper)."""
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
+
+    def open(self, doc_id: str) -> Passage: ...

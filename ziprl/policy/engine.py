@@ -1,0 +1,55 @@
+"""The one generation interface every engine (HF transformers, vLLM) implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from ziprl.config import SamplingConfig
+
+
+@dataclass
+class Generation:
+    """One sampled response: its tokens, the behaviour log-prob of each, and the decoded text."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+
+
+class GenerationEngine(ABC):
+    """Batched generation with per-token behaviour log-probs and in-place weight updates.
+
+    ``version`` is the policy version of the loaded weights (0 = initial); ``tokens_generated`` and
+    ``generation_seconds`` accumulate for throughput reporting.
+    """
+
+    version: int = 0
+    tokens_generated: int = 0
+    generation_seconds: float = 0.0
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any: ...
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat conversation rendered by the model's chat template, ready to generate."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return list(ids)
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int | None = None) -> list[Generation]:
+        """Generate one response per prompt (token ids). Stops at EOS, a stop string, or max_new_tokens."""
+
+    @abstractmethod
+    def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
+        """Replace the model weights (name -> numpy array or tensor, HF parameter names) and set ``version``."""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.generation_seconds if self.generation_seconds else 0.0
