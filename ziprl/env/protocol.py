@@ -1,0 +1,96 @@
+"""The turn protocol: parse an assistant turn, and escape untrusted text before it enters a prompt.
+
+A well-formed turn is (text outside the tags is ignored)::
+
+    <think>optional</think>
+    <compress level="3">summary of the pending observation</compress>
+    <search>query</search>  |  <open>doc-id</open>  |  <answer>final answer</answer>
+
+Parsing never raises: every problem becomes ``ParsedTurn.error``, a message meant for the agent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ACTIONS = ("search", "open", "answer")
+TAGS = ("think", "compress", *ACTIONS)
+
+_TAG_RE = re.compile(r"<(/?)(think|compress|search|open|answer)\b([^<>]*)>", re.IGNORECASE)
+_LEVEL_RE = re.compile(r"""^\s*level\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+))\s*$""", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """The parts of one assistant turn; ``error`` is None exactly when the turn is well-formed."""
+
+    action: str | None = None  # search | open | answer
+    argument: str = ""
+    compression: str | None = None  # text of the <compress> block, None if absent
+    level: int | None = None
+    error: str | None = None
+
+
+def escape(text: str) -> str:
+    """Neutralise markup in untrusted text so it can never open or close a protocol or chat tag."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def unescape(text: str) -> str:
+    """Inverse of :func:`escape` (used when a model copies escaped observation text into its output)."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _parse_level(attrs: str) -> tuple[int | None, str | None]:
+    m = _LEVEL_RE.match(attrs)
+    if not attrs.strip() or m is None:
+        return None, 'the <compress> tag needs a level attribute, e.g. <compress level="3">'
+    raw = next(g for g in m.groups() if g is not None)
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 5:
+        return None, f"compression level must be an integer from 1 to 5, got {raw[:20]!r}"
+    return int(raw), None
+
+
+def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
+    """Parse one assistant response into its compression and its single action; never raises."""
+    if not isinstance(text, str):
+        return ParsedTurn(error=f"the response must be text, got {type(text).__name__}")
+    if len(text) > max_chars:
+        return ParsedTurn(error=f"the response is {len(text)} characters; the limit is {max_chars}")
+    blocks: list[tuple[str, str, str]] = []  # (tag, attrs, content)
+    open_tag: tuple[str, str, int] | None = None
+    for m in _TAG_RE.finditer(text):
+        closing, name, attrs = m.group(1) == "/", m.group(2).lower(), m.group(3)
+        if open_tag is None:
+            if closing:
+                return ParsedTurn(error=f"</{name}> closes a tag that was never opened")
+            open_tag = (name, attrs, m.end())
+        elif closing and name == open_tag[0]:
+            blocks.append((name, open_tag[1], text[open_tag[2] : m.start()]))
+            open_tag = None
+        elif name != "think" and open_tag[0] != "think":
+            return ParsedTurn(error=f"<{name}> appears inside <{open_tag[0]}>; tags cannot be nested")
+    if open_tag is not None:
+        return ParsedTurn(error=f"<{open_tag[0]}> is never closed; close it with </{open_tag[0]}>")
+
+    compress = [b for b in blocks if b[0] == "compress"]
+    actions = [b for b in blocks if b[0] in ACTIONS]
+    compression, level, error = None, None, None
+    if len(compress) > 1:
+        error = f"write exactly one <compress> block per turn, found {len(compress)}"
+    elif compress:
+        compression = compress[0][2].strip()
+        level, error = _parse_level(compress[0][1])
+    if error is None and not actions:
+        error = "no action: end the turn with exactly one of <search>…</search>, <open>…</open>, <answer>…</answer>"
+    elif error is None and len(actions) > 1:
+        names = ", ".join(f"<{a[0]}>" for a in actions)
+        error = f"exactly one action per turn, found {len(actions)} ({names})"
+    if error is not None:
+        return ParsedTurn(compression=compression, level=level, error=error)
+    action, _, argument = actions[0]
+    argument = " ".join(argument.split())
+    if not argument:
+        return ParsedTurn(compression=compression, level=level, error=f"the <{action}> tag is empty")
+    return ParsedTurn(action=action, argument=argument, compression=compression, level=level)

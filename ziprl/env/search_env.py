@@ -1,0 +1,202 @@
+"""SearchCompressEnv: a gymnasium env where an LLM agent searches, opens pages, compresses and answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+from typing import Any
+
+import gymnasium as gym
+
+from ziprl.config import EnvConfig, RetrieverConfig, _from_dict
+from ziprl.env.context import ContextState, Observation
+from ziprl.env.prompts import system_prompt
+from ziprl.env.protocol import ParsedTurn, parse_turn, unescape
+from ziprl.env.types import QAExample, RetrieverLike
+from ziprl.scoring import CompressionScore, compression_quality, exact_match, f1_score
+
+MAX_TEXT = 10_000_000
+COMPRESSING = ("adaptive", "uniform")
+_ZERO = CompressionScore(ratio=0.0, level=0.0, info=0.0, sem=0.0, total=0.0)
+
+
+class UnicodeText(gym.spaces.Text):
+    """A Text space that holds any unicode string (gymnasium's default charset rejects ordinary sentences)."""
+
+    def __init__(self, max_length: int = MAX_TEXT):
+        super().__init__(max_length=max_length, min_length=0, charset=string.printable)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+def render_messages(messages: list[dict[str, str]]) -> str:
+    """Plain-text view of chat messages (the gymnasium observation)."""
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+
+
+def _as_example(obj: Any) -> QAExample:
+    if isinstance(obj, QAExample):
+        return obj
+    if isinstance(obj, dict) and {"question", "answers"} <= obj.keys():
+        answers = obj["answers"] if isinstance(obj["answers"], list) else [obj["answers"]]
+        return QAExample(id=str(obj.get("id", "custom")), question=str(obj["question"]), answers=[str(a) for a in answers],
+                         supporting_titles=list(obj.get("supporting_titles", [])), source=str(obj.get("source", "")))
+    raise ValueError("options['example'] must be a QAExample or a dict with 'question' and 'answers'")
+
+
+class SearchCompressEnv(gym.Env):
+    """One question per episode; each step takes one assistant turn (text) and returns the next prompt.
+
+    Reward is 0 until ``<answer>``, then EM or F1 against the gold answers (``config.reward``).
+    ``info`` carries the turn's action, level, Q_com and its parts, errors, sizes and the next chat ``messages``.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        config: EnvConfig | dict | None = None,
+        retriever: RetrieverLike | None = None,
+        examples: list[QAExample] | None = None,
+        retriever_config: RetrieverConfig | dict | None = None,
+        render_mode: str | None = None,
+    ):
+        self.config = _from_dict(EnvConfig, config) if isinstance(config, dict) else (config or EnvConfig())
+        if isinstance(retriever_config, dict):
+            retriever_config = _from_dict(RetrieverConfig, retriever_config)
+        self._retriever = retriever
+        self._retriever_config = retriever_config or RetrieverConfig()
+        self._examples = examples
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText()
+        self.action_space = UnicodeText()
+        c = self.config
+        self.system = system_prompt(c.strategy, top_k=c.top_k, max_turns=c.max_turns,
+                                    level_scale=c.scoring.level_scale, uniform_level=c.uniform_level)
+        self.example: QAExample | None = None
+        self.context: ContextState | None = None
+        self.turn = 0
+        self._done = True
+        self._last_obs = ""
+
+    @property
+    def retriever(self) -> RetrieverLike:
+        if self._retriever is None:
+            from ziprl.env.retriever import Retriever
+
+            self._retriever = Retriever.from_config(self._retriever_config)
+        return self._retriever
+
+    @property
+    def examples(self) -> list[QAExample]:
+        if self._examples is None:
+            from ziprl.env.datasets import load_dataset
+
+            self._examples = load_dataset("sample")
+        return self._examples
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        if "example" in options:
+            self.example = _as_example(options["example"])
+        elif "index" in options:
+            self.example = self.examples[int(options["index"])]
+        else:
+            self.example = self.examples[int(self.np_random.integers(len(self.examples)))]
+        c = self.config
+        self.context = ContextState(c.strategy, self.example.question, c.scoring.level_scale, c.memory_max_chars)
+        self.turn, self._done = 0, False
+        messages = self.messages()
+        self._last_obs = render_messages(messages)
+        return self._last_obs, {"turn": 0, "question_id": self.example.id, "messages": messages,
+                                "context_chars": len(self._last_obs)}
+
+    @property
+    def done(self) -> bool:
+        """True once the episode has terminated or been truncated (or before the first reset)."""
+        return self._done
+
+    def messages(self) -> list[dict[str, str]]:
+        """Chat messages for the next turn."""
+        return self.context.messages(self.system, self.turn + 1, self.config.max_turns)
+
+    def _score(self, parsed: ParsedTurn) -> CompressionScore | None:
+        """Q_com of this turn's compression against the pending raw observation (None if nothing was pending)."""
+        c, pending = self.config, self.context.pending
+        if pending is None or c.strategy not in COMPRESSING and parsed.compression is None:
+            return None
+        level = c.uniform_level if c.strategy == "uniform" else parsed.level
+        if parsed.compression is None or level is None:
+            return _ZERO  # owed a compression, gave no valid one
+        return compression_quality(self.example.question, pending.text, unescape(parsed.compression), level,
+                                   level_scale=c.scoring.level_scale, weights=c.scoring)
+
+    def _act(self, parsed: ParsedTurn) -> tuple[Observation | None, str | None, float, dict[str, float]]:
+        """Run the tool; returns (new observation, tool error, reward, answer metrics)."""
+        c, arg = self.config, unescape(parsed.argument)
+        if parsed.action == "answer":
+            em, f1 = exact_match(arg, self.example.answers), f1_score(arg, self.example.answers)
+            return None, None, (em if c.reward == "em" else f1), {"em": em, "f1": f1}
+        try:
+            if parsed.action == "search":
+                hits = self.retriever.search([arg], c.top_k)[0]
+                text = "\n".join(f"[{h.doc_id}] {h.title}\n{h.snippet}" for h in hits) or "(no results)"
+                return Observation(self.turn, f'search "{arg[:200]}"', text), None, 0.0, {}
+            try:
+                p = self.retriever.open(arg)
+            except KeyError:
+                p = self.retriever.open(parsed.argument)  # the id as written, if it holds '&'
+            return Observation(self.turn, f"open {arg[:200]}", f"[{p.doc_id}] {p.title}\n{p.text[: c.open_max_chars]}"), None, 0.0, {}
+        except KeyError:
+            return None, f"no document with id {arg[:200]!r}; open an id shown in search results", 0.0, {}
+        except ValueError as exc:
+            return None, f"the {parsed.action} tool rejected the request: {exc}", 0.0, {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("the episode is over (or never started): call reset() before step()")
+        c, ctx = self.config, self.context
+        self.turn += 1
+        parsed = parse_turn(action, c.max_response_chars)
+        if parsed.error is None and c.strategy in COMPRESSING and parsed.compression is None:
+            parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')
+        score = self._score(parsed)
+        observation_chars = len(ctx.pending.text) if ctx.pending else 0
+        reward, terminated, tool_error, metrics = 0.0, False, None, {}
+        if parsed.error is not None:
+            ctx.reject(action if isinstance(action, str) else "", parsed.error)
+        else:
+            obs, tool_error, reward, metrics = self._act(parsed)
+            level = c.uniform_level if c.strategy == "uniform" else parsed.level
+            note = unescape(parsed.compression) if parsed.compression else None
+            ctx.commit(self.turn, action, note, level, obs)
+            if tool_error:
+                ctx.notice = tool_error
+            terminated = parsed.action == "answer"
+        truncated = not terminated and self.turn >= c.max_turns
+        self._done = terminated or truncated
+        messages = self.messages()
+        self._last_obs = render_messages(messages)
+        info: dict[str, Any] = {
+            "turn": self.turn,
+            "action": parsed.action if parsed.error is None else "invalid",
+            "argument": parsed.argument,
+            "level": c.uniform_level if c.strategy == "uniform" and parsed.error is None else parsed.level,
+            "q_com": score.total if score else None,
+            "q_ratio": score.ratio if score else None,
+            "q_level": score.level if score else None,
+            "q_info": score.info if score else None,
+            "q_sem": score.sem if score else None,
+            "format_error": parsed.error,
+            "tool_error": tool_error,
+            "observation_chars": observation_chars,
+            "context_chars": len(self._last_obs),
+            "messages": messages,
+            **metrics,
+        }
+        return self._last_obs, float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        return self._last_obs if self.render_mode == "ansi" else None

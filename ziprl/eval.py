@@ -1,0 +1,118 @@
+"""Evaluate a policy in SearchCompressEnv the way the paper reports it.
+
+    python -m ziprl.eval [--dataset sample|pooled|hotpotqa|musique|squad|PATH] [--strategy adaptive,react,...]
+                         [--model PATH] [--max-turns 20] [--top-k 5] [--limit 20] [--samples 1] [--seed 0]
+                         [--out runs/eval] [--config FILE.yaml] [--set section.field=value ...]
+
+Writes ``report.json``, ``report.md``, ``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file
+per strategy under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from ziprl.config import STRATEGIES, ConfigError, RetrieverConfig, ZipRLConfig, load_config
+from ziprl.env.stats import trajectory_stats
+from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
+
+COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
+           ("finish_rate", "finish rate"), ("format_error_rate", "format errors/turn"),
+           ("prompt_tokens_per_turn", "prompt tok/turn"), ("tokens_per_trajectory", "tok/trajectory"), ("q_com", "Q_com")]
+
+
+def retriever_config_for(cfg: ZipRLConfig) -> RetrieverConfig:
+    """The retriever for the configured dataset: the shipped sample index, or the pooled corpus's index."""
+    r = cfg.retriever
+    if cfg.data.dataset == "sample" or r.corpus or r.index_dir:
+        return r
+    from ziprl.env.datasets import corpus_for
+
+    return dataclasses.replace(r, corpus=str(corpus_for(cfg.data.dataset, cfg.data.shared_dir)))
+
+
+def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
+    lines = [f"Dataset: `{dataset}`", "", "| strategy | " + " | ".join(c[1] for c in COLUMNS) + " | levels 1-5 |",
+             "|---" * (len(COLUMNS) + 2) + "|"]
+    for strategy, s in rows.items():
+        levels = "/".join(f"{s[f'level_{g}_frac']:.2f}" for g in range(1, 6))
+        lines.append(f"| {strategy} | " + " | ".join(f"{s[k]:.3g}" for k, _ in COLUMNS) + f" | {levels} |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True) -> dict[str, dict[str, float]]:
+    """Roll out every strategy on the same questions; write report, plots and trajectories."""
+    from ziprl.env import SearchCompressEnv
+    from ziprl.env.datasets import load_dataset
+    from ziprl.env.retriever import Retriever
+    from ziprl.policy import make_engine
+    from ziprl.policy.rollout import rollout
+
+    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    retriever = Retriever.from_config(retriever_config_for(cfg))
+    engine = make_engine(cfg.model)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict[str, float]] = {}
+    all_trajs: dict[str, list[Trajectory]] = {}
+    for strategy in strategies:
+        env_cfg = dataclasses.replace(cfg.env, strategy=strategy)
+        t0 = time.perf_counter()
+        trajs = rollout(engine, lambda ec=env_cfg: SearchCompressEnv(ec, retriever=retriever, examples=examples),
+                        examples, cfg.sampling, group_size=cfg.rollout.group_size, seed=cfg.data.seed, progress=progress)
+        stats = trajectory_stats(trajs)
+        stats["seconds"] = time.perf_counter() - t0
+        rows[strategy], all_trajs[strategy] = stats, trajs
+        save_trajectories(trajs, out / f"trajectories_{strategy}.parquet")
+        print(f"[eval] {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} turns={stats['turns']:.2f} "
+              f"format_errors/turn={stats['format_error_rate']:.2f} ({stats['seconds']:.0f}s)", flush=True)
+    report = {"dataset": cfg.data.dataset, "questions": len(examples), "config": cfg.to_dict(), "results": rows}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown_report(cfg.data.dataset, rows))
+    plot_tokens_per_turn({s: tokens_per_turn(t) for s, t in all_trajs.items()}, out / "tokens_per_turn.png",
+                         f"Prompt tokens per turn ({cfg.data.dataset})")
+    plot_levels({s: [rows[s][f"level_{g}_frac"] for g in range(1, 6)] for s in rows}, out / "levels.png",
+                "Chosen compression levels")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config")
+    ap.add_argument("--dataset")
+    ap.add_argument("--strategy", default="adaptive", help="comma-separated: " + ",".join(STRATEGIES) + " or 'all'")
+    ap.add_argument("--model")
+    ap.add_argument("--max-turns", type=int)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--samples", type=int, help="trajectories per question")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--out", default="runs/eval")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    args = ap.parse_args(argv)
+    flags = {"data.dataset": args.dataset, "model.path": args.model, "env.max_turns": args.max_turns,
+             "env.top_k": args.top_k, "data.limit": args.limit, "rollout.group_size": args.samples,
+             "data.seed": args.seed, "sampling.greedy": True if args.greedy else None}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.set
+    strategies = list(STRATEGIES) if args.strategy == "all" else [s.strip() for s in args.strategy.split(",")]
+    try:
+        bad = [s for s in strategies if s not in STRATEGIES]
+        if bad:
+            raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    evaluate(cfg, strategies, Path(args.out))
+    print(f"[eval] report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Plots a person would rather look at than a table (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from ziprl.env.trajectory import Trajectory
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def tokens_per_turn(trajs: list[Trajectory]) -> tuple[list[int], list[float]]:
+    """Mean prompt tokens at each turn index (1-based) over the trajectories that reached it."""
+    by_turn: dict[int, list[int]] = defaultdict(list)
+    for tr in trajs:
+        for j, t in enumerate(tr.turns, start=1):
+            by_turn[j].append(t.prompt_tokens)
+    xs = sorted(by_turn)
+    return xs, [sum(by_turn[j]) / len(by_turn[j]) for j in xs]
+
+
+def plot_tokens_per_turn(series: dict[str, tuple[list[int], list[float]]], path: Path, title: str) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label=name)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("prompt tokens")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_levels(dist: dict[str, list[float]], path: Path, title: str) -> Path:
+    """Grouped bars: fraction of turns choosing each level 1..5, one group per strategy."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(len(dist), 1)
+    for k, (name, fracs) in enumerate(dist.items()):
+        ax.bar([g + k * width for g in range(1, 6)], fracs, width=width, label=name)
+    ax.set_xticks([g + width * (len(dist) - 1) / 2 for g in range(1, 6)], [f"L{g}" for g in range(1, 6)])
+    ax.set_ylabel("fraction of turns")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, ylabel: str) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

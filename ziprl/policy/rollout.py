@@ -1,0 +1,74 @@
+"""Batched agent rollouts: many envs at once, one generation batch per turn across all live episodes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from tqdm import tqdm
+
+from ziprl.config import SamplingConfig
+from ziprl.env.search_env import SearchCompressEnv
+from ziprl.env.trajectory import Trajectory, Turn
+from ziprl.env.types import QAExample
+from ziprl.policy.engine import GenerationEngine
+
+
+def rollout(
+    engine: GenerationEngine,
+    make_env: Callable[[], SearchCompressEnv],
+    examples: list[QAExample],
+    sampling: SamplingConfig,
+    group_size: int = 1,
+    seed: int = 0,
+    max_batch: int = 64,
+    max_prompt_tokens: int | None = None,
+    progress: bool = False,
+) -> list[Trajectory]:
+    """Play ``group_size`` episodes per example; returns trajectories grouped by example (GRPO groups).
+
+    Every turn, the prompts of all live episodes are generated together (in chunks of ``max_batch``).
+    An episode whose prompt exceeds ``max_prompt_tokens`` ends unfinished (context overflow).
+    """
+    envs, trajs, infos = [], [], []
+    tag = uuid.uuid4().hex[:8]
+    for qi, ex in enumerate(examples):
+        gid = f"{ex.id}#{tag}"
+        for s in range(group_size):
+            env = make_env()
+            _, info = env.reset(seed=seed + qi * group_size + s, options={"example": ex})
+            envs.append(env)
+            infos.append(info)
+            trajs.append(Trajectory(question_id=ex.id, question=ex.question, answers=list(ex.answers), group_id=gid,
+                                    sample_index=s, policy_version=engine.version, strategy=env.config.strategy))
+    live = list(range(len(envs)))
+    bar = tqdm(total=len(envs), desc="episodes", unit="ep", disable=not progress, leave=False)
+    step = 0
+    while live:
+        prompts = {i: engine.encode_chat(infos[i]["messages"]) for i in live}
+        if max_prompt_tokens is not None:
+            for i in [i for i in live if len(prompts[i]) > max_prompt_tokens]:
+                live.remove(i)
+                bar.update(1)
+        for start in range(0, len(live), max_batch):
+            chunk = live[start : start + max_batch]
+            gens = engine.generate([prompts[i] for i in chunk], sampling, seed=seed * 100_003 + step * 1_009 + start)
+            for i, gen in zip(chunk, gens, strict=True):
+                _, reward, terminated, truncated, info = envs[i].step(gen.text)
+                trajs[i].turns.append(Turn(
+                    prompt_ids=list(gen.prompt_ids), response_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
+                    response_text=gen.text, action=info["action"], level=info["level"], q_com=info["q_com"],
+                    q_ratio=info["q_ratio"], q_level=info["q_level"], q_info=info["q_info"], q_sem=info["q_sem"],
+                    format_error=info["format_error"], observation_chars=info["observation_chars"],
+                    context_chars=infos[i]["context_chars"], prompt_tokens=len(gen.prompt_ids),
+                    response_tokens=len(gen.token_ids)))
+                infos[i] = info
+                if terminated or truncated:
+                    tr = trajs[i]
+                    tr.reward, tr.finished = reward, terminated
+                    tr.em, tr.f1 = info.get("em", 0.0), info.get("f1", 0.0)
+        live = [i for i in live if not envs[i].done]
+        bar.update(bar.total - bar.n - len(live))
+        step += 1
+    bar.close()
+    return trajs
