@@ -28,7 +28,7 @@ class ScoringConfig:
     w_level: float = 0.1
     w_info: float = 0.4
     w_sem: float = 0.2
-    level_scale: float = 1.0
+    level_scale: float = 0.25  # 1.0 = the paper's ranges; small CPU models write short notes
 
 
 @dataclass
@@ -52,7 +52,7 @@ class EnvConfig:
     strategy: str = "adaptive"  # adaptive | uniform | react | summary
     uniform_level: int = 3  # the one level used by the `uniform` strategy
     top_k: int = 5
-    max_turns: int = 20
+    max_turns: int = 8  # paper: 20
     open_max_chars: int = 3000  # open_page truncates the passage to this many characters
     reward: str = "em"  # em | f1
     max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
@@ -80,7 +80,7 @@ class SamplingConfig:
     temperature: float = 0.8
     top_p: float = 1.0
     greedy: bool = False
-    max_new_tokens: int = 256
+    max_new_tokens: int = 160
     stop: list[str] = field(default_factory=lambda: ["</search>", "</open>", "</answer>"])
 
 
@@ -107,7 +107,7 @@ class LearnerConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    global_batch_questions: int = 64
+    global_batch_questions: int = 2  # paper: 64 (configs/paper.yaml)
     micro_batch_turns: int = 4
     clip_eps: float = 0.2
     beta: float = 0.001  # KL to reference (k3 estimator); 0 skips the reference model
@@ -125,17 +125,17 @@ class LearnerConfig:
 
 @dataclass
 class SFTConfig:
-    lr: float = 1e-5
-    epochs: int = 1
+    lr: float = 5e-5
+    epochs: int = 2
     micro_batch: int = 4
-    max_seq_len: int = 1024
+    max_seq_len: int = 2048
 
 
 @dataclass
 class DemoConfig:
     """Scripted-teacher demonstrations for the cold start."""
 
-    datasets: list[str] = field(default_factory=lambda: ["hotpotqa", "musique"])
+    datasets: list[str] = field(default_factory=lambda: ["sample"])  # paper-style: hotpotqa, musique
     limit: int = 200
     out: str = "runs/demos.parquet"
 

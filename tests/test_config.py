@@ -1,0 +1,55 @@
+import pytest
+
+from tests.conftest import REPO
+from ziprl.config import ConfigError, ZipRLConfig, load_config
+from ziprl.env.types import QAExample
+from ziprl.stream import QuestionStream
+
+
+def test_defaults_validate_and_overrides_coerce():
+    cfg = load_config(None, ["learner.lr=3e-4", "env.strategy=react", "demos.datasets=hotpotqa,musique",
+                             "model.path=none", "learner.bf16=false", "env.scoring.level_scale=0.5"])
+    assert cfg.learner.lr == 3e-4 and cfg.env.strategy == "react" and cfg.demos.datasets == ["hotpotqa", "musique"]
+    assert cfg.model.path is None and cfg.learner.bf16 is False and cfg.env.scoring.level_scale == 0.5
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("env.strategy=magic", "env.strategy"),
+    ("learner.lr=fast", "expected float"),
+    ("env.max_turns=2.5", "expected int"),
+    ("nope.x=1", "no config section"),
+    ("env.nope=1", "no field"),
+    ("env.top_k", "section.field=value"),
+    ("learner.zero_stage=4", "zero_stage"),
+])
+def test_bad_overrides_fail_with_the_field_named(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, [override])
+
+
+def test_yaml_files(tmp_path):
+    for name in ("paper.yaml", "laptop.yaml"):
+        assert isinstance(load_config(REPO / "configs" / name), ZipRLConfig)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env:\n  top_k: [1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("envv:\n  top_k: 3\n")
+    with pytest.raises(ConfigError, match="unknown config key"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_question_stream_resumes_exactly():
+    exs = [QAExample(str(i), f"q{i}", ["a"]) for i in range(5)]
+    a = QuestionStream(exs, seed=3)
+    first = [e.id for e in a.next_batch(7)]  # crosses an epoch boundary
+    assert sorted(first[:5]) == [str(i) for i in range(5)]
+    pos = a.position
+    rest = [e.id for e in a.next_batch(6)]
+    b = QuestionStream(exs, seed=3)
+    b.restore(pos)
+    assert [e.id for e in b.next_batch(6)] == rest
+    with pytest.raises(ValueError, match="does not match"):
+        QuestionStream(exs[:4], seed=3).restore(pos)
