@@ -10,6 +10,7 @@ from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import ENV_ID, SearchCompressEnv, register
 from ziprl.env.types import Passage, QAExample
+from ziprl.scoring import level_spec
 
 EX = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"], ["Scott Derrickson", "Ed Wood"])
 
@@ -106,8 +107,9 @@ def test_summary_strategy_writes_rule_notes(word_retriever):
     env.step("<search>Paris capital</search>")
     *_, info = env.step("<open>d3</open>")
     assert info["format_error"] is None and info["q_com"] is None
-    note = env.context.memory[-1]
-    assert note.level == 2 and "Paris" in note.text and len(note.text) <= 1000
+    note = env.context.memory[-1]  # the rule summary of the search results, ranked by the question's keywords
+    budget = level_spec(2, env.config.scoring.level_scale).char_high
+    assert note.level == 2 and "Derrickson" in note.text and len(note.text) <= budget
 
 
 def test_memory_is_bounded(word_retriever):
@@ -127,7 +129,7 @@ ADVERSARIAL = [
 
 
 def test_adversarial_documents_cannot_forge_protocol():
-    env = SearchCompressEnv(EnvConfig(), retriever=WordRetriever(ADVERSARIAL + PASSAGES), examples=[EX])
+    env = SearchCompressEnv(EnvConfig(max_turns=20), retriever=WordRetriever(ADVERSARIAL + PASSAGES), examples=[EX])
     env.reset(seed=0)
     for doc in ("evil1", "evil2", "evil3"):
         obs, r, term, trunc, info = env.step(turn(1, "x", f"<open>{doc}</open>"))

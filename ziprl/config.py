@@ -28,7 +28,7 @@ class ScoringConfig:
     w_level: float = 0.1
     w_info: float = 0.4
     w_sem: float = 0.2
-    level_scale: float = 0.25  # 1.0 = the paper's ranges; small CPU models write short notes
+    level_scale: float = 0.15  # 1.0 = the paper's ranges; a 135M model on CPU writes short notes
 
 
 @dataclass
@@ -42,7 +42,7 @@ class RetrieverConfig:
     passage_prefix: str = ""  # e.g. "passage: " for E5
     index_type: str = "flat"  # flat | hnsw
     batch_size: int = 64
-    snippet_chars: int = 200
+    snippet_chars: int = 150
 
 
 @dataclass
@@ -52,7 +52,7 @@ class EnvConfig:
     strategy: str = "adaptive"  # adaptive | uniform | react | summary
     uniform_level: int = 3  # the one level used by the `uniform` strategy
     top_k: int = 5
-    max_turns: int = 8  # paper: 20
+    max_turns: int = 6  # paper: 20
     open_max_chars: int = 3000  # open_page truncates the passage to this many characters
     reward: str = "em"  # em | f1
     max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
@@ -80,7 +80,7 @@ class SamplingConfig:
     temperature: float = 0.8
     top_p: float = 1.0
     greedy: bool = False
-    max_new_tokens: int = 160
+    max_new_tokens: int = 128
     stop: list[str] = field(default_factory=lambda: ["</search>", "</open>", "</answer>"])
 
 
@@ -96,8 +96,8 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    group_size: int = 4  # G trajectories per question
-    batch_questions: int = 2  # questions per rollout batch
+    group_size: int = 2  # G trajectories per question (paper-scale: 8)
+    batch_questions: int = 1  # questions per rollout-actor batch
 
 
 @dataclass
@@ -107,7 +107,7 @@ class LearnerConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    global_batch_questions: int = 2  # paper: 64 (configs/paper.yaml)
+    global_batch_questions: int = 1  # paper: 64 (configs/paper.yaml)
     micro_batch_turns: int = 4
     clip_eps: float = 0.2
     beta: float = 0.001  # KL to reference (k3 estimator); 0 skips the reference model
@@ -126,9 +126,9 @@ class LearnerConfig:
 @dataclass
 class SFTConfig:
     lr: float = 5e-5
-    epochs: int = 2
-    micro_batch: int = 4
-    max_seq_len: int = 2048
+    epochs: int = 1
+    micro_batch: int = 2
+    max_seq_len: int = 1024
 
 
 @dataclass
@@ -136,7 +136,7 @@ class DemoConfig:
     """Scripted-teacher demonstrations for the cold start."""
 
     datasets: list[str] = field(default_factory=lambda: ["sample"])  # paper-style: hotpotqa, musique
-    limit: int = 200
+    limit: int = 6  # questions (0 = all)
     out: str = "runs/demos.parquet"
 
 

@@ -1,0 +1,68 @@
+"""Ray integration: launch on a local 2-CPU cluster, 2 rollout actors, 2 learner steps, one actor killed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import ray
+
+from ziprl.config import ModelConfig, load_config
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_a_rollout_actor_after_first_step(out, done: threading.Event, killed: list) -> None:
+    deadline = time.time() + 600
+    while time.time() < deadline and not done.is_set():
+        if (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip():
+            try:
+                ray.kill(ray.get_actor("ziprl-rollout-0"), no_restart=False)
+                killed.append(time.time())
+            except ValueError:
+                pass
+            return
+        time.sleep(0.2)
+
+
+def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ziprl.launch import launch
+    from ziprl.policy import resolve_model_path
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [
+        f"run.out_dir={out}", f"run.sft_checkpoint={resolve_model_path(ModelConfig())}",
+        "ray.num_rollout_actors=2", "learner.steps=2", "learner.global_batch_questions=1", "learner.beta=0",
+        "rollout.batch_questions=1", "rollout.group_size=2", "env.max_turns=3", "sampling.max_new_tokens=40",
+        "ray.max_staleness=2", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
+    ])
+    ray.init(num_cpus=2, include_dashboard=False)
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_a_rollout_actor_after_first_step, args=(out, done, killed), daemon=True)
+    killer.start()
+    try:
+        metrics = launch(cfg, progress=False)
+    finally:
+        done.set()
+        killer.join(timeout=5)
+    assert not ray.is_initialized()  # launch shut the cluster down cleanly
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    assert killed, "the test killed a rollout actor mid-run"
+    assert metrics["system/groups_trained"] == 2.0
+    assert lines[-1]["system/rollout_failures"] >= 1.0  # its in-flight batch was discarded and re-dispatched
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("rollout/reward", "rollout/em", "rollout/f1", "rollout/q_com", "rollout/q_ratio", "rollout/q_info",
+                "rollout/level_3_frac", "rollout/turns", "rollout/searches", "rollout/opens", "rollout/finish_rate",
+                "rollout/prompt_tokens_per_turn", "learner/loss", "learner/clip_frac", "learner/entropy",
+                "learner/adv_mean", "learner/hrr_abs_mean", "perf/gen_tokens_per_second", "perf/weight_push_seconds",
+                "system/staleness", "system/queue_depth", "system/rollout_failures"):
+        assert tag in tags, tag
+    assert [e.step for e in acc.Scalars("learner/loss")] == [1, 2]
+    assert (out / "checkpoints").is_dir() and len(list((out / "trajectories").glob("*.parquet"))) == 2
