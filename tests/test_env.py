@@ -166,3 +166,13 @@ def test_reset_picks_examples_deterministically():
 def test_bad_example_option(word_retriever):
     with pytest.raises(ValueError, match="question"):
         make(word_retriever).reset(options={"example": {"q": 1}})
+
+
+def test_default_memory_budget_follows_the_level_scale(word_retriever):
+    env = make(word_retriever, max_turns=100)
+    env.reset(seed=0)
+    for _ in range(60):
+        env.step(turn(5, "A long note about Paris. " * 40, "<search>Paris</search>"))
+    budget = 2 * level_spec(5, env.config.scoring.level_scale).char_high
+    assert env.context.memory_max_chars == budget
+    assert sum(len(n.text) for n in env.context.memory) <= budget and env.context.dropped_notes > 0

@@ -56,7 +56,7 @@ class EnvConfig:
     open_max_chars: int = 3000  # open_page truncates the passage to this many characters
     reward: str = "em"  # em | f1
     max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
-    memory_max_chars: int = 0  # 0 = unbounded memory of compressions; >0 keeps the newest that fit
+    memory_max_chars: int | None = None  # newest notes that fit; None = 2x level 5's (scaled) range, 0 = no bound
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
 

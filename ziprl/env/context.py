@@ -59,7 +59,7 @@ class ContextState:
     strategy: str
     question: str
     level_scale: float = 1.0
-    memory_max_chars: int = 6000
+    memory_max_chars: int = 0  # 0 = no bound
     memory: list[Note] = field(default_factory=list)
     dropped_notes: int = 0
     pending: Observation | None = None

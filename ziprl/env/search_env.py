@@ -13,7 +13,7 @@ from ziprl.env.context import ContextState, Observation
 from ziprl.env.prompts import system_prompt
 from ziprl.env.protocol import ParsedTurn, parse_turn, unescape
 from ziprl.env.types import QAExample, RetrieverLike
-from ziprl.scoring import CompressionScore, compression_quality, exact_match, f1_score
+from ziprl.scoring import CompressionScore, compression_quality, exact_match, f1_score, level_spec
 
 MAX_TEXT = 10_000_000
 COMPRESSING = ("adaptive", "uniform")
@@ -106,7 +106,10 @@ class SearchCompressEnv(gym.Env):
         else:
             self.example = self.examples[int(self.np_random.integers(len(self.examples)))]
         c = self.config
-        self.context = ContextState(c.strategy, self.example.question, c.scoring.level_scale, c.memory_max_chars)
+        budget = c.memory_max_chars
+        if budget is None:
+            budget = 2 * level_spec(5, c.scoring.level_scale).char_high
+        self.context = ContextState(c.strategy, self.example.question, c.scoring.level_scale, budget)
         self.turn, self._done = 0, False
         messages = self.messages()
         self._last_obs = render_messages(messages)
