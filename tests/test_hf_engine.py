@@ -1,0 +1,149 @@
+"""HFEngine on the real default model: behaviour log-probs, padding, determinism, stops, weight updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ziprl.config import ModelConfig, SamplingConfig
+from ziprl.policy import HFEngine, make_engine, resolve_model_path
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is the capital of France?", "Write a long poem about the sea, the sky and the wind.", "Hi"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Decode steps of a 135M model are tiny: one thread is as fast, and ~10x faster on a busy shared CPU."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def engine() -> HFEngine:
+    return HFEngine(resolve_model_path(ModelConfig()), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompts(engine) -> list[list[int]]:
+    return [engine.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+def _teacher_forced_logprobs(engine: HFEngine, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log pi(token) at temperature 1 from one unpadded forward pass over prompt + response."""
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([prompt + response])).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+def test_logprobs_equal_teacher_forced_pass_for_padded_batch(engine, prompts):
+    assert len({len(p) for p in prompts}) == len(prompts)  # different lengths -> left padding in play
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=24, stop=[])
+    out = engine.generate(prompts, sampling, seed=1)
+    for g, p in zip(out, prompts, strict=True):
+        assert g.prompt_ids == p and len(g.logprobs) == len(g.token_ids) >= 1
+        ref = _teacher_forced_logprobs(engine, p, g.token_ids)
+        assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_greedy_is_deterministic_and_equals_model_generate(engine, prompts):
+    sampling = SamplingConfig(greedy=True, max_new_tokens=20, stop=[])
+    a = engine.generate(prompts, sampling)
+    b = engine.generate(prompts, sampling, seed=123)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    with torch.inference_mode():
+        ref = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                                    pad_token_id=engine.pad_id)[:, width:].tolist()
+    for g, row in zip(a, ref, strict=True):
+        assert g.token_ids == row[: len(g.token_ids)]
+        if g.finish_reason == "stop":
+            assert g.token_ids[-1] in engine.eos_ids
+    short = a[0]  # "The capital of France is Paris." then EOS: kept in ids, not in text
+    assert short.finish_reason == "stop" and short.token_ids[-1] in engine.eos_ids
+    assert "Paris" in short.text and "<|im_end|>" not in short.text
+
+
+def test_seeded_sampling_is_reproducible(engine, prompts):
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12, stop=[])
+    a = engine.generate(prompts, sampling, seed=7)
+    b = engine.generate(prompts, sampling, seed=7)
+    c = engine.generate(prompts, sampling, seed=8)
+    assert [(g.token_ids, g.logprobs) for g in a] == [(g.token_ids, g.logprobs) for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_stop_string_cuts_right_after_the_closing_tag(engine):
+    tok = engine.tokenizer
+    # A repeated pattern the model continues; the prompt ends mid-tag so the next thing is a closing tag.
+    prefix = "<search>apple</search>\n<search>banana</search>\n<search>cherry</search>\n<search>grape"
+    prompt = tok(prefix)["input_ids"]
+    sampling = SamplingConfig(greedy=True, max_new_tokens=16)  # default stops: </search>, </open>, </answer>
+    (g,) = engine.generate([prompt], sampling)
+    assert g.finish_reason == "stop" and g.text.endswith("</search>")
+    assert "</search>" in tok.decode(g.token_ids) and "</search>" not in tok.decode(g.token_ids[:-1])
+    (free,) = engine.generate([prompt], SamplingConfig(greedy=True, max_new_tokens=16, stop=[]))
+    assert free.token_ids[: len(g.token_ids)] == g.token_ids and len(free.token_ids) > len(g.token_ids)
+    # The earliest-completed stop string wins, even when listed last.
+    (h,) = engine.generate([prompt], SamplingConfig(greedy=True, max_new_tokens=16, stop=["</open>", "</"]))
+    assert h.text.endswith("</") and len(h.token_ids) <= len(g.token_ids)
+    # A stop string ending inside a token: the token is kept, the text is cut right after the string.
+    (m,) = engine.generate([prompt], SamplingConfig(greedy=True, max_new_tokens=16, stop=["sear"]))
+    assert m.text == "</sear" and tok.decode(m.token_ids) == "</search"
+
+
+def test_max_new_tokens_gives_length(engine, prompts):
+    out = engine.generate(prompts[1:2], SamplingConfig(temperature=0.8, max_new_tokens=5, stop=[]), seed=0)
+    assert out[0].finish_reason == "length" and len(out[0].token_ids) == len(out[0].logprobs) == 5
+
+
+def test_counters_and_edge_cases(engine, prompts):
+    before = engine.tokens_generated
+    out = engine.generate(prompts[:1], SamplingConfig(greedy=True, max_new_tokens=3, stop=[]))
+    assert engine.tokens_generated == before + len(out[0].token_ids)
+    assert engine.generation_seconds > 0 and engine.tokens_per_second > 0
+    assert engine.generate([], SamplingConfig()) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate([[]], SamplingConfig())
+
+
+def test_encode_chat_ends_with_generation_prompt(engine):
+    ids = engine.encode_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert all(isinstance(i, int) for i in ids)
+    assert engine.tokenizer.decode(ids).endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_load_weights_changes_outputs_and_rejects_bad_input(engine, prompts):
+    sampling = SamplingConfig(greedy=True, max_new_tokens=8, stop=[])
+    original = {k: v.detach().numpy().copy() for k, v in engine.model.state_dict().items()}
+    base = engine.generate(prompts[:1], sampling)[0]
+    try:
+        changed = dict(original)
+        changed["model.norm.weight"] = -original["model.norm.weight"]  # flips every logit's sign
+        for bad, err in [({**changed, "model.nope.weight": np.zeros(3)}, KeyError),
+                         ({**changed, "model.norm.weight": np.zeros(3, np.float32)}, ValueError),
+                         ({k: v for k, v in changed.items() if k != "model.layers.0.mlp.up_proj.weight"}, KeyError)]:
+            with pytest.raises(err):
+                engine.load_weights(bad, version=99)
+        assert engine.version == 0 and engine.generate(prompts[:1], sampling)[0].token_ids == base.token_ids
+        engine.load_weights(changed, version=1)
+        assert engine.version == 1
+        assert engine.generate(prompts[:1], sampling)[0].token_ids != base.token_ids
+        # Tied embeddings: either name alone updates both.
+        untied = {k: v for k, v in original.items() if k != "lm_head.weight"}
+        engine.load_weights({k: torch.from_numpy(v) for k, v in untied.items()}, version=2)
+        assert engine.version == 2 and engine.generate(prompts[:1], sampling)[0].token_ids == base.token_ids
+    finally:
+        engine.load_weights(original, version=0)
+
+
+def test_make_engine_builds_hf_engine(engine):
+    built = make_engine(ModelConfig(device="cpu"))
+    assert isinstance(built, HFEngine) and built.device.type == "cpu"

