@@ -82,12 +82,45 @@ def measure_generation(engine: HFEngine, prompts: list[list[int]], sampling: Sam
             "generate_tokens_per_run": statistics.median(n for n, _, _ in runs["generate"])}
 
 
+def measure_env_share(engine: HFEngine, questions: int, turns: int) -> dict:
+    """Share of a rollout turn spent in env.step (parse, Q_com scoring, FAISS search, rendering) vs generation."""
+    import time
+
+    from ziprl.config import EnvConfig, RetrieverConfig
+    from ziprl.env import SearchCompressEnv
+    from ziprl.env.datasets import load_dataset
+    from ziprl.env.retriever import Retriever
+    from ziprl.policy.rollout import rollout
+
+    spent = {"env": 0.0}
+
+    class TimedEnv(SearchCompressEnv):
+        def step(self, action):
+            t0 = time.perf_counter()
+            try:
+                return super().step(action)
+            finally:
+                spent["env"] += time.perf_counter() - t0
+
+    retriever = Retriever.from_config(RetrieverConfig())
+    exs = load_dataset("sample")[:questions]
+    retriever.search(["warm-up"], 5)
+    gen0, t0 = engine.generation_seconds, time.perf_counter()
+    trajs = rollout(engine, lambda: TimedEnv(EnvConfig(max_turns=turns), retriever=retriever, examples=exs), exs,
+                    SamplingConfig(), group_size=2, seed=0)
+    total = time.perf_counter() - t0
+    n_turns = sum(len(t.turns) for t in trajs)
+    return {"mode": "rollout turn split", "turns": n_turns, "turn_seconds": total / n_turns,
+            "generation_share": (engine.generation_seconds - gen0) / total, "env_scoring_share": spent["env"] / total}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--env-questions", type=int, default=2, help="questions for the env-share rollout (0 skips it)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -101,6 +134,8 @@ def main() -> None:
         measure_generation(engine, prompts, SamplingConfig(temperature=0.8, top_p=1.0, max_new_tokens=args.new_tokens,
                                                            stop=[]), args.repeats, "sample T=0.8"),
     ]
+    if args.env_questions:
+        rows.append(measure_env_share(engine, args.env_questions, turns=4))
     write_results("engine_throughput", rows, meta={"model": "SmolLM2-135M-Instruct (float32, CPU)",
                                                     "torch_threads": torch.get_num_threads()})
 

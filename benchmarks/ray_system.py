@@ -1,0 +1,181 @@
+"""Ray system benchmarks: (a) Serve vs in-process retrieval throughput, (b) weight push to N rollout actors.
+
+    .venv/bin/python benchmarks/ray_system.py [--real-model] [--cpus N] [--retriever-cpus N]
+
+Goals: (a) Serve >= 0.8x in-process queries/s at batch >= 16 (one replica with as many CPUs as the
+in-process run has threads); (b) warm push to N actors <= 1.3x the push to 1 actor, and warm push
+<= 1 s, for a 135M-parameter float32 state dict (~540 MB).
+Results go to benchmarks/results/ray_system.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
+
+from ziprl.actors.ray_utils import init_ray  # noqa: E402
+from ziprl.actors.serve_retriever import ServeRetrieverClient, deploy_retriever  # noqa: E402
+from ziprl.actors.weights import WeightPublisher, WeightRef  # noqa: E402
+from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
+
+BATCHES = (1, 16, 64)
+K = 5
+
+
+def smollm2_135m_shapes() -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of SmolLM2-135M (30 layers, d=576, 9 query / 3 KV heads, MLP 1536, tied embeddings)."""
+    d, kv, mlp, vocab = 576, 192, 1536, 49152
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
+    for i in range(30):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (d, d), p + "self_attn.k_proj.weight": (kv, d),
+                   p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, d),
+                   p + "mlp.gate_proj.weight": (mlp, d), p + "mlp.up_proj.weight": (mlp, d),
+                   p + "mlp.down_proj.weight": (d, mlp), p + "input_layernorm.weight": (d,),
+                   p + "post_attention_layernorm.weight": (d,)}
+    return shapes
+
+
+def state_dict_135m(real_model: bool) -> tuple[dict[str, np.ndarray], str]:
+    """The real SmolLM2-135M float32 weights (``--real-model``) or random arrays of the same shapes."""
+    if real_model:
+        from ziprl.actors.weights import state_dict_to_numpy
+        from ziprl.config import ModelConfig
+        from ziprl.policy.models import load_model, resolve_model_path
+
+        return state_dict_to_numpy(load_model(resolve_model_path(ModelConfig()))), "SmolLM2-135M-Instruct"
+    rng = np.random.default_rng(0)
+    return {k: rng.standard_normal(s, dtype=np.float32) for k, s in smollm2_135m_shapes().items()}, "random, SmolLM2-135M shapes"
+
+
+def queries(n: int) -> list[str]:
+    """Distinct natural-language queries (question-like, as an agent would issue them)."""
+    subjects = ["the capital of", "the author of", "the population of", "the founder of", "the river through",
+                "the director of", "the largest city in", "the language of"]
+    things = ["France", "Hamlet", "Tokyo", "Microsoft", "Vienna", "Inception", "Australia", "Brazil", "Egypt",
+              "the Roman Empire", "Canada", "Norway", "the Beatles", "Kenya", "Peru", "Mars"]
+    return [f"what is {subjects[i % len(subjects)]} {things[(i // len(subjects)) % len(things)]} ({i})" for i in range(n)]
+
+
+def _seconds(fn, qs: list[str], batch: int) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(qs), batch):
+        fn(qs[i : i + batch])
+    return time.perf_counter() - start
+
+
+def retrieval_throughput(retriever_cfg: RetrieverConfig, cpus: float, total: int = 128, rounds: int = 5) -> list[dict]:
+    """(a) queries/s of the in-process Retriever vs the Serve deployment at each client batch size.
+
+    The two run in alternating rounds (the machine is shared) and each keeps its median round.
+    ``serve_overhead_ms`` = per call, wall time minus the replica's own encoder + FAISS time.
+    """
+    from ray import serve
+
+    from ziprl.env.retriever import Retriever
+
+    local = Retriever.from_config(retriever_cfg)
+    ray_cfg = RayConfig(retriever_replicas=1, retriever_cpus=cpus, retriever_max_batch=max(BATCHES))
+    client = ServeRetrieverClient(deploy_retriever(retriever_cfg, ray_cfg, name="bench_retriever"))
+    qs = queries(total)
+    local.search(qs[: max(BATCHES)], K)  # warm-up
+    client.search(qs[: max(BATCHES)], K)
+    rows = []
+    for b in BATCHES:
+        n = total if b > 1 else total // 4
+        in_proc, served, overhead = [], [], []
+        for _ in range(rounds):
+            in_proc.append(n / _seconds(lambda q: local.search(q, K), qs[:n], b))
+            inner = client.stats()["search_s"]
+            wall = _seconds(lambda q: client.search(q, K), qs[:n], b)
+            served.append(n / wall)
+            overhead.append((wall - (client.stats()["search_s"] - inner)) / (n / b) * 1e3)
+        a, s = statistics.median(in_proc), statistics.median(served)
+        rows.append({"measure": "retrieval_qps", "batch": b, "in_process_qps": round(a, 1), "serve_qps": round(s, 1),
+                     "serve_over_in_process": round(s / a, 3),
+                     "serve_overhead_ms": round(statistics.median(overhead), 1)})
+    serve.delete("bench_retriever")
+    return rows
+
+
+@ray.remote(num_cpus=0.25)
+class WeightSink:
+    """A stand-in rollout actor: fetches the published arrays and copies them into its own buffers."""
+
+    def __init__(self):
+        self.buf: dict[str, np.ndarray] = {}
+
+    def ready(self) -> bool:
+        return True
+
+    def update_weights(self, wr: WeightRef) -> int:
+        arrays = ray.get(wr.ref)
+        if not self.buf:
+            self.buf = {k: np.empty_like(v) for k, v in arrays.items()}
+        for k, v in arrays.items():
+            np.copyto(self.buf[k], v)
+        return wr.version
+
+
+def weight_push(state_dict: dict[str, np.ndarray], actors: int, repeats: int = 7) -> dict:
+    """(b) seconds from publish until every (started) actor holds a copy: first push (cold: actors
+    allocate their buffers) and the median of the rest (warm)."""
+    sinks = [WeightSink.remote() for _ in range(actors)]
+    ray.get([s.ready.remote() for s in sinks])
+    pub = WeightPublisher(sinks)
+    times, puts = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        wr = pub.publish(state_dict)
+        pub.wait()
+        times.append(time.perf_counter() - start)
+        puts.append(wr.seconds)
+    for s in sinks:
+        ray.kill(s)
+    return {"measure": "weight_push", "actors": actors, "mb": round(wr.nbytes / 1e6, 1),
+            "cold_s": round(times[0], 3), "warm_s": round(statistics.median(times[1:]), 3),
+            "put_s": round(statistics.median(puts[1:]), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cores = os.cpu_count() or 1
+    ap.add_argument("--cpus", type=int, default=cores, help="CPUs of the local Ray cluster")
+    ap.add_argument("--retriever-cpus", type=float, default=float(cores),
+                    help="CPUs (= encoder threads) of the replica; default: as many as the in-process run uses")
+    ap.add_argument("--real-model", action="store_true", help="push the real SmolLM2-135M weights")
+    ap.add_argument("--max-actors", type=int, default=4)
+    args = ap.parse_args()
+
+    load_before = os.getloadavg()[0]
+    init_ray(RayConfig(), num_cpus=args.cpus)
+    rows = retrieval_throughput(RetrieverConfig(), args.retriever_cpus)
+    sd, source = state_dict_135m(args.real_model)
+    for _ in range(3):  # fault in the object store's shared memory before timing
+        WeightPublisher().publish(sd)
+    push = [weight_push(sd, n) for n in range(1, args.max_actors + 1)]
+    for r in push:
+        r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
+    rows += push
+    write_results("ray_system", rows, {
+        "index": "shipped sample (RetrieverConfig defaults)", "k": K, "weights": source,
+        "params": int(sum(a.size for a in {id(a): a for a in sd.values()}.values())), "ray": ray.__version__, "ray_cpus": args.cpus,
+        "retriever_cpus": args.retriever_cpus,
+        "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # before, after
+        "goals": "serve/in-process >= 0.8 at batch >= 16; push N/1 <= 1.3; warm push <= 1 s",
+    })
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
