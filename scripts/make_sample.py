@@ -1,0 +1,118 @@
+"""Build the shipped sample (ziprl/data/sample/) from the shared data sets, reproducibly.
+
+    python scripts/make_sample.py [--shared ../shared/data] [--out ziprl/data/sample]
+
+Picks the first N HotpotQA-train and N MuSiQue-train questions (HippoRAG subsets) with short, non yes/no
+answers, keeps every paragraph of their contexts, and fills the corpus up to --passages with a seeded
+random draw of the other pooled-corpus passages (HotpotQA dev, MuSiQue, wiki18) as distractors.
+Passage ids and texts are those of the pooled corpus (ziprl.env.datasets.pooled_passages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+from ziprl.env.corpus import load_corpus, write_corpus
+from ziprl.env.datasets import (
+    context_paragraphs,
+    default_shared_dir,
+    load_hotpot_train,
+    load_musique_train,
+    pooled_passages,
+    shared_file,
+    write_qa_jsonl,
+)
+from ziprl.env.types import QAExample
+
+REPO = Path(__file__).resolve().parents[1]
+
+ATTRIBUTION = """\
+# Shipped sample: attribution and licences
+
+A small real sample so that ZipRL runs on a fresh machine. Built by `scripts/make_sample.py`
+(`python scripts/make_sample.py --per-source {per_source} --passages {passages} --seed {seed}`)
+from the files described in `shared/data/*/PROVENANCE.md`.
+
+| file | content |
+|---|---|
+| `qa.jsonl` | {n_questions} questions in the unified schema (id, question, answers, supporting_titles, source): {n_hotpot} HotpotQA train + {n_musique} MuSiQue-Ans train |
+| `corpus.jsonl.gz` | {n_passages} passages (id, title, text): every context paragraph of those questions ({n_own}) plus {n_distractors} distractors drawn at random (seed {seed}) from the rest of the pooled corpus |
+
+## Sources
+
+| data | from (repository, path, commit) | licence |
+|---|---|---|
+| HotpotQA (Yang et al., EMNLP 2018) train questions + paragraphs | OSU-NLP-Group/HippoRAG `data/hotpotqa_train.json`, `data/hotpotqa_train_corpus.json` @ 3d95d255a8db0c1699b853cfb4fbe5056708162d (repo MIT) | CC BY-SA 4.0 |
+| HotpotQA dev distractor paragraphs (first 300 dev questions) | Codewithsayanjib/slm-rag-distraction-audit `data/hotpotqa_corpus.json` @ e03f9408cc8c7d6f6942afaea3ac7b70aba396b6 (repo licence not stated) | CC BY-SA 4.0 |
+| MuSiQue-Ans (Trivedi et al., TACL 2022) train questions + paragraphs | OSU-NLP-Group/HippoRAG `data/musique_train.json`, `data/musique_train_corpus.json` @ 3d95d255a8db0c1699b853cfb4fbe5056708162d (repo MIT) | CC BY 4.0 |
+| Wikipedia passages (Dec 2018 dump, 100-word DPR split) | RUC-NLPIR/FlashRAG `examples/quick_start/indexes/sample_data.jsonl` @ adb2a8bc285042abf7c0c56ff004283f62318c5a (repo MIT) | Wikipedia text: CC BY-SA |
+
+Because it contains CC BY-SA material, this sample as a whole is distributed under CC BY-SA 4.0;
+the MuSiQue parts are additionally under CC BY 4.0 (attribution above).
+
+## Transformations
+
+- Questions: chosen in file order, answers of at most {max_words} words and not yes/no; HotpotQA
+  supporting titles = the titles in `supporting_facts`; MuSiQue answers = answer + answer_aliases,
+  supporting titles = titles of the `is_supporting` paragraphs. Questions are whitespace-stripped.
+- Passages: HotpotQA sentences joined; the dev distractor file's paragraphs ("<title>. <text>") split
+  into title and text by a heuristic (`ziprl.env.datasets.split_title`); wiki18 `contents` split into
+  the quoted title line and the text; all whitespace runs collapsed to one space; passages with the
+  same (title, text) de-duplicated; ids derived from the source (`hotpot-train-<n>`,
+  `musique-train-<n>`, `hotpot-dev-<question>-<paragraph>`, `wiki18-<id>`).
+- Nothing else was changed; no text was written or edited by hand.
+"""
+
+
+def short(ex: QAExample, max_words: int) -> bool:
+    a = ex.answers[0]
+    return len(a.split()) <= max_words and a.strip().lower() not in ("yes", "no")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", default=None, help="shared data dir (default: ../shared/data or $ZIPRL_SHARED_DATA)")
+    ap.add_argument("--out", default=str(REPO / "ziprl" / "data" / "sample"))
+    ap.add_argument("--per-source", type=int, default=30, help="questions from each of HotpotQA and MuSiQue")
+    ap.add_argument("--passages", type=int, default=2000, help="total corpus size")
+    ap.add_argument("--max-words", type=int, default=3, help="longest gold answer kept, in words")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    shared = Path(args.shared) if args.shared else default_shared_dir()
+
+    pooled = pooled_passages(shared)
+    by_key = {(p.title, p.text): i for i, p in enumerate(pooled)}
+    hotpot = [e for e in load_hotpot_train(shared_file("hotpot_train", shared)) if short(e, args.max_words)]
+    musique = [e for e in load_musique_train(shared_file("musique_train", shared)) if short(e, args.max_words)]
+    hotpot, musique = hotpot[:args.per_source], musique[:args.per_source]
+
+    # every context paragraph of the chosen questions, located in the pooled corpus by (title, text)
+    contexts = context_paragraphs(shared)
+    own = {by_key[par] for e in hotpot + musique for par in contexts[e.id]}
+    rest = [i for i in range(len(pooled)) if i not in own]
+    n_distractors = max(0, args.passages - len(own))
+    keep = sorted(own | set(random.Random(args.seed).sample(rest, n_distractors)))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_qa_jsonl(hotpot + musique, out / "qa.jsonl")
+    corpus = write_corpus([pooled[i] for i in keep], out / "corpus.jsonl.gz")
+    titles = {p.title for p in load_corpus(corpus)}
+    lost = [(e.id, t) for e in hotpot + musique for t in e.supporting_titles if t not in titles]
+    if lost:
+        print(f"error: supporting titles missing from the sample corpus: {lost}", file=sys.stderr)
+        return 1
+    (out / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(
+        per_source=args.per_source, passages=args.passages, seed=args.seed, max_words=args.max_words,
+        n_questions=len(hotpot) + len(musique), n_hotpot=len(hotpot), n_musique=len(musique),
+        n_passages=len(keep), n_own=len(own), n_distractors=len(keep) - len(own)), encoding="utf-8")
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"wrote {out}: {len(hotpot) + len(musique)} questions, {len(keep)} passages, {size:,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""QA loaders, the pooled corpus and the shipped sample."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ziprl.env.corpus import load_corpus
+from ziprl.env.datasets import (
+    FILES,
+    SHARED_ENV,
+    DatasetError,
+    context_paragraphs,
+    corpus_for,
+    default_shared_dir,
+    hotpot_distractor_paragraphs,
+    load_dataset,
+    load_hotpot_dev,
+    load_hotpot_distractor,
+    load_hotpot_train,
+    load_musique_dev,
+    load_musique_train,
+    load_qa_jsonl,
+    load_squad_dev,
+    shared_file,
+    split_title,
+    wiki18_passages,
+    write_qa_jsonl,
+)
+from ziprl.env.types import QAExample
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shared() -> Path:
+    try:
+        return default_shared_dir()
+    except DatasetError:
+        pytest.skip("shared data directory not available")
+
+
+@pytest.fixture(scope="module")
+def pooled_corpus(tmp_path_factory):
+    shared = _shared()
+    return load_corpus(corpus_for("pooled", shared, cache_dir=tmp_path_factory.mktemp("corpora")))
+
+
+# ---------------------------------------------------------------- shipped sample (no ../shared needed)
+
+
+def test_sample_loads_without_shared(monkeypatch, tmp_path):
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "absent"))
+    qa = load_dataset("sample")
+    corpus = load_corpus(corpus_for("sample"))
+    assert len(qa) == 60 and {e.source for e in qa} == {"hotpotqa-train", "musique-train"}
+    assert 1500 <= len(corpus) <= 2500
+    titles = {p.title for p in corpus}
+    for e in qa:
+        assert e.answers and e.supporting_titles
+        assert set(e.supporting_titles) <= titles, e.id
+    files = list(corpus_for("sample").parent.iterdir())
+    assert {f.name for f in files} >= {"qa.jsonl", "corpus.jsonl.gz", "ATTRIBUTION.md"}
+    assert sum(f.stat().st_size for f in files) < 5_000_000
+
+
+def test_sample_is_reproducible(tmp_path):
+    _shared()
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_sample.py"), "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    shipped = REPO / "ziprl" / "data" / "sample"
+    for name in ("qa.jsonl", "corpus.jsonl.gz", "ATTRIBUTION.md"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------- names, limits, errors
+
+
+def test_missing_shared_dir_names_path_and_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "absent"))
+    with pytest.raises(DatasetError, match=rf"absent.*{SHARED_ENV}"):
+        default_shared_dir()
+    with pytest.raises(DatasetError, match=SHARED_ENV):
+        load_dataset("hotpotqa")
+
+
+def test_missing_file_in_shared_dir(tmp_path):
+    with pytest.raises(DatasetError, match="hipporag_musique_train_subset100.json.gz is missing"):
+        load_dataset("musique", shared_dir=tmp_path)
+
+
+def test_unknown_name():
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        load_dataset("nope")
+    with pytest.raises(DatasetError, match="corpus only"):
+        load_dataset("wiki18")
+    with pytest.raises(DatasetError, match="unknown dataset"):
+        corpus_for("nope")
+
+
+def test_limit_is_a_seeded_ordered_subset():
+    full = load_dataset("sample")
+    a, b = load_dataset("sample", limit=10, seed=3), load_dataset("sample", limit=10, seed=3)
+    assert [e.id for e in a] == [e.id for e in b] and len(a) == 10
+    pos = [[e.id for e in full].index(e.id) for e in a]
+    assert pos == sorted(pos)
+    assert [e.id for e in load_dataset("sample", limit=10, seed=4)] != [e.id for e in a]
+    assert len(load_dataset("sample", limit=1000)) == len(full)
+    with pytest.raises(DatasetError, match="limit must be >= 1"):
+        load_dataset("sample", limit=0)
+
+
+def test_unified_jsonl_round_trip_and_sibling_corpus(tmp_path):
+    ex = [QAExample("q1", "Who?", ["Ann", "Anne"], ["T"], "mine"), QAExample("q2", "What?", ["x"])]
+    path = write_qa_jsonl(ex, tmp_path / "qa.jsonl")
+    assert load_dataset(str(path)) == ex
+    with pytest.raises(DatasetError, match="no corpus.jsonl"):
+        corpus_for(str(path))
+    (tmp_path / "corpus.jsonl.gz").write_bytes(b"")
+    assert corpus_for(str(path)) == tmp_path / "corpus.jsonl.gz"
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": ', "line 2: malformed JSON"),
+    ('{"id": "a", "answers": ["x"]}', "record 1: field 'question' is missing"),
+    ('{"id": "a", "question": "Q", "answers": []}', "record 1: needs a non-empty question"),
+    ('{"id": "a", "question": "Q", "answers": ["x"], "supporting_titles": "T"}', "supporting_titles must be a list"),
+    ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": "a", "question": "R", "answers": ["y"]}',
+     "duplicate id 'a' in records 1 and 2"),
+    ("", "holds no questions"),
+])
+def test_malformed_unified_jsonl(tmp_path, line, match):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=match):
+        load_qa_jsonl(path)
+
+
+def test_malformed_source_files(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([{"question": "Q", "answer": "A", "supporting_facts": []}]))
+    with pytest.raises(DatasetError, match="record 0: field '_id' is missing"):
+        load_hotpot_train(path)
+    path.write_text(json.dumps({"not": "a list"}))
+    with pytest.raises(DatasetError, match="expected a JSON list, got dict"):
+        load_musique_train(path)
+    path.write_text("[{")
+    with pytest.raises(DatasetError, match="malformed JSON at line 1"):
+        load_squad_dev(path)
+
+
+@pytest.mark.parametrize(("paragraph", "title"), [
+    ("Ed Wood (film). Ed Wood is a 1994 film.  It stars Johnny Depp.", "Ed Wood (film)"),
+    ("1995–96 Manchester United F.C. season. The 1995–96 season was their fourth.  More.", "1995–96 Manchester United F.C. season"),
+    ("Edgar Kaiser Jr.. Edgar Fosburgh Kaiser Jr. (born 1942) was a financier.", "Edgar Kaiser Jr."),
+    ("James P. Comer. James P. Comer (born 1934) is a professor.", "James P. Comer"),
+    ("Hikky Burr. theme song for a show, released in 1969.  It was written by Quincy Jones.", "Hikky Burr"),
+    ("Ken St. Andre. Kenneth Eugene St. Andre (born 1947) is an author.", "Ken St. Andre"),
+    ("Farrukhzad Khosrow V. Farrukhzad Khosrau V was briefly king.  He was the son of Khosrau II.", "Farrukhzad Khosrow V"),
+])
+def test_split_title(paragraph, title):
+    t, text = split_title(paragraph)
+    assert t == title and paragraph.endswith(text) and text
+
+
+# ---------------------------------------------------------------- shared-data loaders (skip without ../shared)
+
+
+def test_hotpot_loaders():
+    shared = _shared()
+    train = load_hotpot_train(shared_file("hotpot_train", shared))
+    assert len(train) == 100 and all(e.supporting_titles and e.answers[0] for e in train)
+    assert train[0].supporting_titles == ["Alû", "Lilu (mythology)"]
+    dev = load_hotpot_distractor(shared_file("hotpot_distractor", shared))
+    assert len(dev) == 300 and dev[0].answers == ["yes"] and not dev[0].supporting_titles
+    pars = hotpot_distractor_paragraphs(shared_file("hotpot_distractor", shared))
+    assert pars[0][1][0] == "Scott Derrickson" and sum(map(len, pars.values())) > 2900
+    qa = load_hotpot_dev(shared_file("hotpot_dev", shared))
+    assert len(qa) == 7405 and qa[0].question.startswith("Were Scott Derrickson")
+
+
+def test_musique_squad_wiki18_loaders():
+    shared = _shared()
+    train = load_musique_train(shared_file("musique_train", shared))
+    assert len(train) == 100 and all(1 <= len(e.supporting_titles) <= 4 for e in train)
+    assert train[0].answers == ["G. Stanley Hall", "Stanley Hall"]  # answer + aliases
+    dev = load_musique_dev(shared_file("musique_dev", shared))
+    assert len(dev) == 2417 and dev[0].answers == ["Miquette Giraudy"]
+    squad = load_squad_dev(shared_file("squad_dev", shared))
+    assert len(squad) == 10570 and squad[0].answers == ["Denver Broncos"]
+    wiki = wiki18_passages(shared_file("wiki18", shared))
+    assert len(wiki) == 1000 and wiki[0].title == "Evan Morris" and not wiki[0].text.startswith('"')
+
+
+@pytest.mark.parametrize(("name", "count"), [("hotpotqa", 400), ("musique", 100), ("pooled", 500),
+                                             ("hotpotqa-dev", 7405), ("musique-dev", 2417), ("squad", 10570)])
+def test_named_datasets(name, count):
+    qa = load_dataset(name, _shared())
+    assert len(qa) == count and len({e.id for e in qa}) == count
+    assert all(e.question and e.answers and e.source for e in qa)
+
+
+def test_pooled_corpus(pooled_corpus):
+    assert len(pooled_corpus) > 6000
+    assert len({(p.title, p.text) for p in pooled_corpus}) == len(pooled_corpus)
+    assert all(p.text == " ".join(p.text.split()) for p in pooled_corpus)
+    titles = {p.title for p in pooled_corpus}
+    for e in load_dataset("pooled", _shared()):
+        assert set(e.supporting_titles) <= titles, e.id
+    pairs = {(p.title, p.text) for p in pooled_corpus}
+    contexts = context_paragraphs(_shared())
+    assert len(contexts) == 500
+    assert all(par in pairs for pars in contexts.values() for par in pars)
+
+
+def test_pooled_corpus_is_materialised_once(tmp_path, caplog):
+    shared = _shared()
+    first = corpus_for("pooled", shared, cache_dir=tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert corpus_for("hotpotqa", shared, cache_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert first.parent == tmp_path and first.name.startswith("pooled-")
+    with caplog.at_level("WARNING"):
+        assert corpus_for("squad", shared, cache_dir=tmp_path) == first
+    assert "open-domain" in caplog.text
+    wiki = load_corpus(corpus_for("wiki18", shared, cache_dir=tmp_path))
+    assert len(wiki) == 1000
+
+
+def test_all_shared_files_listed_exist():
+    shared = _shared()
+    assert all((shared / rel).is_file() for rel in FILES.values())
