@@ -1,0 +1,242 @@
+"""Turn rows, micro-batches and response log-probs, with a tiny random Llama."""
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ziprl.config import LearnerConfig
+from ziprl.env.trajectory import Trajectory, Turn
+from ziprl.learner.advantages import compute_advantages
+from ziprl.learner.batch import (
+    build_rows,
+    make_micro_batches,
+    response_logprobs,
+    response_logprobs_and_entropy,
+)
+from ziprl.learner.losses import policy_loss
+
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)  # fmt: skip
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def turn(prompt, response, q=None, logprobs=None):
+    lp = [-1.0 - 0.1 * k for k in range(len(response))] if logprobs is None else logprobs
+    return Turn(prompt_ids=list(prompt), response_ids=list(response), logprobs=lp, q_com=q)
+
+
+def traj(group, reward, turns):
+    return Trajectory(
+        question_id=group, question="q", answers=["a"], group_id=group, reward=reward, turns=turns
+    )
+
+
+def test_rows_layout_and_weights():
+    a = traj("g", 1.0, [turn([1, 2, 3], [4, 5]), turn([1, 2, 3, 4, 5, 6], [7, 8, 9])])  # |o_a| = 5
+    b = traj("g", 0.0, [turn([1, 2], [10, 11, 12, 13]), turn([3], [])])  # |o_b| = 4; empty turn -> no row
+    rows = build_rows([a, b], [[0.5, 0.7], [-1.0, -1.0]], norm="trajectory")
+    assert [r.input_ids for r in rows] == [
+        [1, 2, 3, 4, 5],
+        [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [1, 2, 10, 11, 12, 13],
+    ]
+    assert [r.response_start for r in rows] == [3, 6, 2]
+    assert [r.advantage for r in rows] == [0.5, 0.7, -1.0]
+    # trajectory norm: 1 / (G |o_i|) = 1 / (2 * 5) for a, 1 / (2 * 4) for b
+    assert [r.weight for r in rows] == pytest.approx([0.1, 0.1, 0.125])
+    # token norm: 1 / N = 1 / 9 everywhere
+    assert [r.weight for r in build_rows([a, b], [[0.5, 0.7], [-1.0, -1.0]], "token")] == pytest.approx(
+        [1 / 9] * 3
+    )
+
+    (mb,) = make_micro_batches(rows, micro_batch_size=8, pad_id=PAD)
+    assert mb.input_ids.shape == (3, 9)
+    assert mb.input_ids[0].tolist() == [1, 2, 3, 4, 5, PAD, PAD, PAD, PAD]
+    assert mb.attention_mask[0].tolist() == [1] * 5 + [0] * 4
+    assert mb.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 0]  # exactly the response tokens
+    assert mb.loss_mask[2].tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0]
+    assert mb.old_logp[0, 3:5].tolist() == pytest.approx([-1.0, -1.1]) and mb.old_logp[0, :3].eq(0).all()
+    assert mb.adv[1].tolist() == pytest.approx([0] * 6 + [0.7] * 3)
+    assert mb.weight[2].tolist() == pytest.approx([0, 0, 0.125, 0.125, 0.125, 0.125, 0, 0, 0])
+    assert [m.input_ids.shape for m in make_micro_batches(rows, 2, PAD)] == [(2, 9), (1, 6)]
+
+
+def test_truncation_drops_leftmost_prompt_tokens_only():
+    t = traj("g", 1.0, [turn([1, 2, 3, 4, 5, 6], [7, 8, 9])])
+    (row,) = build_rows([t], [[1.0]], "trajectory", max_seq_len=5)
+    assert row.input_ids == [5, 6, 7, 8, 9] and row.response_start == 2 and row.truncated == 4
+    (row,) = build_rows([t], [[1.0]], "trajectory", max_seq_len=4)  # one prompt token left
+    assert row.input_ids == [6, 7, 8, 9] and row.truncated == 5
+    with pytest.raises(ValueError, match="never truncated"):
+        build_rows([t], [[1.0]], "trajectory", max_seq_len=3)
+    (row,) = build_rows([t], [[1.0]], "trajectory", max_seq_len=9)
+    assert row.truncated == 0 and len(row.input_ids) == 9
+
+
+def test_row_errors():
+    with pytest.raises(ValueError, match="logprobs"):
+        build_rows([traj("g", 1.0, [turn([1], [2, 3], logprobs=[-1.0])])], [[1.0]], "token")
+    with pytest.raises(ValueError, match="advantages"):
+        build_rows([traj("g", 1.0, [turn([1], [2])])], [[1.0, 2.0]], "token")
+    with pytest.raises(ValueError, match="empty prompt"):
+        build_rows([traj("g", 1.0, [turn([], [2])])], [[1.0]], "token")
+
+
+def sample_trajectories():
+    g = torch.Generator().manual_seed(1)
+
+    def ids(n):
+        return torch.randint(1, 64, (n,), generator=g).tolist()
+
+    return [
+        traj("g1", 1.0, [turn(ids(5), ids(3), q=0.9), turn(ids(9), ids(4), q=0.3), turn(ids(12), ids(2))]),
+        traj("g1", 0.0, [turn(ids(4), ids(6), q=0.5), turn(ids(10), ids(1), q=0.6)]),
+        traj("g2", 1.0, [turn(ids(7), ids(5), q=0.2)]),
+        traj("g2", 0.0, [turn(ids(3), ids(2)), turn(ids(8), ids(3), q=0.8), turn(ids(11), ids(4), q=0.1)]),
+    ]
+
+
+def direct_logprobs(model, row, temperature=1.0):
+    """Unpadded single-row forward, full log-softmax: log p of each response token."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([row.input_ids])).logits[0] / temperature
+    lp = torch.log_softmax(logits, -1)
+    s = row.response_start
+    return [float(lp[t - 1, row.input_ids[t]]) for t in range(s, len(row.input_ids))]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_logprobs_match_unpadded_forward(model, temperature):
+    rows = build_rows(sample_trajectories(), [[0.0] * 3, [0.0] * 2, [0.0], [0.0] * 3], "trajectory")
+    for mb in make_micro_batches(rows, 3, PAD):
+        with torch.no_grad():
+            logp = response_logprobs(model, mb, temperature)
+        assert logp.shape == mb.input_ids.shape and (logp[mb.loss_mask == 0] == 0).all()
+    (whole,) = make_micro_batches(rows, len(rows), PAD)
+    with torch.no_grad():
+        batched = response_logprobs(model, whole, temperature)
+    for k, row in enumerate(rows):
+        got = batched[k][whole.loss_mask[k] == 1].tolist()
+        assert got == pytest.approx(direct_logprobs(model, row, temperature), abs=1e-5)
+
+
+def test_entropy_matches_direct(model):
+    (row,) = build_rows([traj("g", 1.0, [turn([3, 4, 5], [6, 7])])], [[1.0]], "token")
+    (mb,) = make_micro_batches([row], 1, PAD)
+    with torch.no_grad():
+        logp, ent = response_logprobs_and_entropy(model, mb)
+        p = torch.softmax(model(input_ids=mb.input_ids).logits[0], -1)
+    want = -(p * p.log()).sum(-1)[2:4]  # positions 2, 3 predict response tokens 3, 4
+    torch.testing.assert_close(ent[0, 3:5], want, atol=1e-5, rtol=1e-5)
+    assert ent[0, :3].eq(0).all() and logp[0, :3].eq(0).all()
+
+
+class FullLogits(torch.nn.Module):
+    """Returns logits for every position and keeps them for inspecting their gradient."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, use_cache, logits_to_keep):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+        out.logits.retain_grad()
+        self.logits = out.logits
+        return out
+
+
+def loss_of(model, mb, beta=0.0):
+    logp = response_logprobs(model, mb)
+    ref = logp.detach() - 0.05 if beta else None
+    return policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref, beta=beta, clip_eps=0.2)[0]
+
+
+def test_gradients_reach_only_response_positions(model):
+    trajs = sample_trajectories()
+    res = compute_advantages(trajs, LearnerConfig(hrr_weight=0.2))
+    (mb,) = make_micro_batches(build_rows(res.trajectories, res.turn_advantages, "trajectory"), 16, PAD)
+    wrapped = FullLogits(model)
+    loss_of(wrapped, mb, beta=0.1).backward()
+    # logits at t-1 score token t: they get gradient iff token t is a response token
+    predicts_response = torch.zeros_like(mb.loss_mask, dtype=torch.bool)
+    predicts_response[:, :-1] = mb.loss_mask[:, 1:].bool()
+    grad_norm = wrapped.logits.grad.abs().sum(-1)
+    assert (grad_norm[~predicts_response] == 0).all()
+    assert (grad_norm[predicts_response] > 0).all()
+    model.zero_grad()
+    # values at prompt / padding positions never enter the loss
+    off = mb.loss_mask == 0
+    with torch.no_grad():
+        base = loss_of(model, mb)
+        mb.old_logp[off], mb.adv[off], mb.weight[off] = 5.0, -7.0, 3.0
+        assert loss_of(model, mb).item() == base.item()
+
+
+def grads_after(model, micro_batches):
+    """Accumulate gradients over micro-batches (plain sum of losses, no division)."""
+    model.zero_grad()
+    total = 0.0
+    for mb in micro_batches:
+        loss = loss_of(model, mb, beta=0.1)
+        loss.backward()
+        total += loss.item()
+    return total, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("norm", ["trajectory", "token"])
+def test_gradient_accumulation_is_exact(model, norm):
+    trajs = sample_trajectories()
+    res = compute_advantages(trajs, LearnerConfig(hrr_weight=0.2))
+    rows = build_rows(res.trajectories, res.turn_advantages, norm)
+    # behaviour log-probs off the current policy so that some ratios clip
+    for row, mb in zip(rows, (make_micro_batches([r], 1, PAD)[0] for r in rows), strict=True):
+        with torch.no_grad():
+            cur = response_logprobs(model, mb)[0, row.response_start :]
+        row.old_logp = (
+            cur + 0.3 * torch.randn(cur.shape, generator=torch.Generator().manual_seed(2))
+        ).tolist()
+    full_loss, full_grads = grads_after(model, make_micro_batches(rows, len(rows), PAD))
+    for size, order in ((1, rows), (3, rows), (4, rows[::-1])):
+        loss, grads = grads_after(model, make_micro_batches(order, size, PAD))
+        assert loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
+        for g, f in zip(grads, full_grads, strict=True):
+            torch.testing.assert_close(g, f, atol=1e-6, rtol=1e-4)
+    model.zero_grad()
+
+
+def test_hrr_term_pushes_higher_quality_turn_up_more(model):
+    # one zero-variance group (both rewards 0): A_GRPO = 0, so A_ij = w (Q_ij - Q_bar) = 0.2 * (+-0.4)
+    t1 = traj("g", 0.0, [turn([5, 6, 7], [8, 9, 10], q=0.9), turn([5, 6, 7], [8, 9, 10], q=0.1)])
+    t2 = traj("g", 0.0, [turn([11, 12], [13, 14])])
+    res = compute_advantages([t1, t2], LearnerConfig(hrr_weight=0.2))
+    assert res.turn_advantages[0] == pytest.approx([0.08, -0.08])
+    rows = build_rows(res.trajectories, res.turn_advantages, "trajectory")
+    (mb,) = make_micro_batches(rows, 8, PAD)
+    with torch.no_grad():
+        logp = response_logprobs(model, mb)
+    leaf = logp.clone().requires_grad_()
+    policy_loss(leaf, logp, mb.adv, mb.weight, mb.loss_mask)[0].backward()
+    # on-policy: d loss / d logp_t = -weight * A ; high-Q turn descends to higher log-prob
+    g_high, g_low = leaf.grad[0, 3:6], leaf.grad[1, 3:6]
+    assert (g_high < 0).all() and (g_low > 0).all()
+    torch.testing.assert_close(g_high, torch.full((3,), -0.08 / (2 * 6)))
+    # one SGD step on each turn alone moves its log-prob in the direction of its advantage
+    for k, sign in ((0, 1.0), (1, -1.0)):
+        m = copy.deepcopy(model)
+        (one,) = make_micro_batches([rows[k]], 1, PAD)
+        one.old_logp = response_logprobs(m, one).detach()
+        loss_of(m, one).backward()
+        before = one.old_logp.sum().item()
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= 1.0 * p.grad
+            after = response_logprobs(m, one).sum().item()
+        assert sign * (after - before) > 0

@@ -1,0 +1,175 @@
+"""Turn-level training rows and right-padded micro-batches; response log-probs from a causal LM.
+
+Layout (token-aligned): for a row ``input_ids = prompt_ids + response_ids`` every per-token tensor is
+indexed by token position, and ``loss_mask[t] = 1`` exactly when token t is a response token. The
+log-prob at position t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the logits at t - 1
+(the next-token shift is done inside ``response_logprobs``). Prompt tokens (system, question, memory,
+observation) never carry loss.
+
+Truncation (``max_seq_len``): a row longer than the limit loses its *leftmost prompt* tokens, never
+response tokens; a response that alone needs more than ``max_seq_len - 1`` positions is an error. A
+truncated row is scored under a shorter context than the one it was sampled from, so its ratio is no
+longer exactly on-policy: set the limit above the longest row when possible (``TurnRow.truncated``
+counts the dropped tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ziprl.env.trajectory import Trajectory
+from ziprl.learner.losses import entropy_from_logits, token_logprobs, token_weight
+
+
+@dataclass
+class TurnRow:
+    """One turn as a training row: ids, where its response starts, and its per-token old log-prob/adv/weight."""
+
+    input_ids: list[int]
+    response_start: int  # index of the first response token in input_ids
+    old_logp: list[float]  # behaviour log-prob per response token
+    advantage: float  # A_ij, broadcast to every response token of the turn
+    weight: float  # loss weight per response token (losses.token_weight)
+    traj_index: int  # index of the trajectory in the batch
+    truncated: int = 0  # prompt tokens dropped on the left by max_seq_len
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded [B, T] tensors; per-token fields are 0 outside response positions."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    old_logp: Tensor
+    adv: Tensor
+    weight: Tensor
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def build_rows(
+    trajectories: Sequence[Trajectory],
+    turn_advantages: Sequence[Sequence[float]],
+    norm: str,
+    max_seq_len: int | None = None,
+) -> list[TurnRow]:
+    """One row per turn with a non-empty response, for one optimiser batch (the weights normalise over it).
+
+    ``norm="trajectory"``: weight 1/(G |o_i|) with G = len(trajectories) (the paper; equals its 1/Q sum_q 1/G
+    sum_i when every group has G samples) and |o_i| the trajectory's response tokens over all turns;
+    ``norm="token"``: 1/N with N all response tokens of the batch.
+    """
+    if len(trajectories) != len(turn_advantages):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(turn_advantages)} advantage lists")
+    total = sum(t.num_response_tokens for t in trajectories)
+    rows = []
+    for i, (traj, advs) in enumerate(zip(trajectories, turn_advantages, strict=True)):
+        if len(advs) != len(traj.turns):
+            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(advs)} advantages")
+        for j, (turn, adv) in enumerate(zip(traj.turns, advs, strict=True)):
+            prompt, resp = list(turn.prompt_ids), list(turn.response_ids)
+            if not resp:
+                continue
+            if len(turn.logprobs) != len(resp):
+                raise ValueError(
+                    f"trajectory {i} turn {j}: {len(turn.logprobs)} logprobs for {len(resp)} response tokens"
+                )
+            if not prompt:
+                raise ValueError(
+                    f"trajectory {i} turn {j}: empty prompt, the first response token cannot be scored"
+                )
+            cut = 0
+            if max_seq_len is not None and len(prompt) + len(resp) > max_seq_len:
+                if len(resp) > max_seq_len - 1:
+                    raise ValueError(
+                        f"trajectory {i} turn {j}: response of {len(resp)} tokens does not fit max_seq_len="
+                        f"{max_seq_len} (response tokens are never truncated; raise max_seq_len)"
+                    )
+                cut = len(prompt) + len(resp) - max_seq_len
+                prompt = prompt[cut:]
+            rows.append(
+                TurnRow(
+                    input_ids=prompt + resp,
+                    response_start=len(prompt),
+                    old_logp=[float(x) for x in turn.logprobs],
+                    advantage=float(adv),
+                    weight=token_weight(traj.num_response_tokens, len(trajectories), total, norm),
+                    traj_index=i,
+                    truncated=cut,
+                )
+            )
+    return rows
+
+
+def collate(rows: Sequence[TurnRow], pad_id: int) -> MicroBatch:
+    """Right-pad rows into one MicroBatch."""
+    b, t = len(rows), max(len(r.input_ids) for r in rows)
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, t), dtype=torch.long)
+    loss_mask = torch.zeros((b, t), dtype=torch.float32)
+    old_logp, adv, weight = (torch.zeros((b, t), dtype=torch.float32) for _ in range(3))
+    for k, r in enumerate(rows):
+        n, s = len(r.input_ids), r.response_start
+        ids[k, :n] = torch.tensor(r.input_ids, dtype=torch.long)
+        attn[k, :n] = 1
+        loss_mask[k, s:n] = 1.0
+        old_logp[k, s:n] = torch.tensor(r.old_logp, dtype=torch.float32)
+        adv[k, s:n] = r.advantage
+        weight[k, s:n] = r.weight
+    return MicroBatch(ids, attn, loss_mask, old_logp, adv, weight)
+
+
+def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
+    """Consecutive groups of ``micro_batch_size`` rows, each right-padded to its own longest row."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    return [collate(rows[s : s + micro_batch_size], pad_id) for s in range(0, len(rows), micro_batch_size)]
+
+
+def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:
+    """Tempered logits predicting tokens start+1 .. T-1, where start is one before the earliest response token."""
+    mask = batch.loss_mask.bool()
+    if not mask.any():
+        raise ValueError("micro-batch has no response tokens")
+    if mask[:, 0].any():
+        raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
+    start = int(mask.any(0).nonzero()[0]) - 1
+    keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep
+    )
+    logits = out.logits[:, -keep:-1]
+    return (logits if temperature == 1.0 else logits / temperature), start
+
+
+def _place(values: Tensor, start: int, batch: MicroBatch) -> Tensor:
+    """Shift window values to token positions [B, T]; 0 outside response positions."""
+    return torch.where(
+        batch.loss_mask.bool(), F.pad(values, (start + 1, 0)), torch.zeros((), device=values.device)
+    )
+
+
+def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0) -> Tensor:
+    """[B, T] log pi(token_t | tokens_<t) at response positions, 0 elsewhere (aligned with ``loss_mask``).
+
+    ``model`` is an HF causal LM (or a wrapper forwarding ``logits_to_keep``, e.g. a DeepSpeed engine);
+    logits are divided by ``temperature``, which must match how the behaviour log-probs were computed.
+    """
+    logits, start = _response_logits(model, batch, temperature)
+    return _place(token_logprobs(logits, batch.input_ids[:, start + 1 :]), start, batch)
+
+
+def response_logprobs_and_entropy(
+    model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """As ``response_logprobs`` plus the per-position policy entropy (no grad; for logging), one forward."""
+    logits, start = _response_logits(model, batch, temperature)
+    logp = _place(token_logprobs(logits, batch.input_ids[:, start + 1 :]), start, batch)
+    return logp, _place(entropy_from_logits(logits), start, batch)
