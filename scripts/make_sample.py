@@ -64,6 +64,13 @@ the MuSiQue parts are additionally under CC BY 4.0 (attribution above).
   same (title, text) de-duplicated; ids derived from the source (`hotpot-train-<n>`,
   `musique-train-<n>`, `hotpot-dev-<question>-<paragraph>`, `wiki18-<id>`).
 - Nothing else was changed; no text was written or edited by hand.
+
+## Prebuilt index
+
+`index/` is the FAISS index of `corpus.jsonl.gz` built with the default encoder (all-MiniLM-L6-v2, flat
+inner product), shipped so a fresh machine skips a CPU build of several minutes. Rebuild it with
+`python -m ziprl.index build --corpus ziprl/data/sample/corpus.jsonl.gz --out ziprl/data/sample/index`;
+the retriever uses it only while its manifest matches the shipped corpus.
 """
 
 

@@ -285,3 +285,17 @@ def test_cli_subprocess_error():
     proc = subprocess.run([sys.executable, "-m", "ziprl.index", "search", "--index", "/nonexistent", "q"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_shipped_sample_index_matches_the_shipped_corpus(tmp_path, monkeypatch):
+    from ziprl.env.corpus import corpus_sha256
+    from ziprl.env.datasets import SAMPLE_DIR
+
+    monkeypatch.setenv("ZIPRL_CACHE_DIR", str(tmp_path))
+    manifest = json.loads((SAMPLE_DIR / "index" / "manifest.json").read_text())
+    passages = load_corpus(corpus_for("sample"))
+    assert manifest["corpus_sha256"] == corpus_sha256(passages) and manifest["count"] == len(passages)
+    r = Retriever.from_config(RetrieverConfig())
+    assert len(r) == len(passages) and not any(tmp_path.iterdir())  # loaded as shipped, nothing built
+    p = passages[123]
+    assert r.search([p.title + " " + p.text[:200]], 3)[0][0].doc_id == p.doc_id

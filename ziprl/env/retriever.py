@@ -286,8 +286,11 @@ class Retriever:
         if cfg.corpus is not None:
             corpus = Path(cfg.corpus)
         else:
-            from ziprl.env.datasets import corpus_for
+            from ziprl.env.datasets import SAMPLE_DIR, corpus_for
 
+            shipped = SAMPLE_DIR / "index"
+            if encoder is None and cfg.index_type == "flat" and cfg.index_dir is None and _is_complete(shipped):
+                return cls.load(shipped, None, cfg.snippet_chars)  # prebuilt with the default encoder (saves minutes)
             corpus = corpus_for("sample")
         encoder = encoder or Encoder(batch_size=cfg.batch_size)
         out = cfg.index_dir if cfg.index_dir is not None else default_index_dir(corpus, encoder, cfg.index_type)
