@@ -71,6 +71,7 @@ class ModelConfig:
     engine: str = "hf"  # hf | vllm
     device: str = "auto"  # auto | cpu | cuda
     gpu_memory_utilization: float = 0.5  # vLLM only
+    num_threads: int = 0  # torch CPU threads for this process; 0 = torch's default (1 is faster on a busy 2-core box)
 
 
 @dataclass

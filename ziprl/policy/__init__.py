@@ -34,6 +34,10 @@ __all__ = [
 
 def make_engine(model_cfg: ModelConfig, path: str | Path | None = None) -> GenerationEngine:
     """The engine ``model_cfg.engine`` names, over ``path`` (e.g. a learner checkpoint) or ``model_cfg``'s model."""
+    if model_cfg.num_threads:
+        import torch
+
+        torch.set_num_threads(model_cfg.num_threads)
     model_path = Path(path) if path is not None else resolve_model_path(model_cfg)
     if model_cfg.engine == "vllm":
         return VLLMEngine(model_path, dtype=model_cfg.dtype, gpu_memory_utilization=model_cfg.gpu_memory_utilization,

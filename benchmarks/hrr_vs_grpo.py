@@ -1,0 +1,95 @@
+"""HRR (w = 0.2) vs plain GRPO (w = 0) from the cold-started default model: reward curves over seeds.
+
+    python benchmarks/hrr_vs_grpo.py [--steps 3] [--seeds 0,1,2] [--dataset pooled] [--sft-checkpoint DIR]
+
+Each (seed, w) run is ``ziprl.train`` (single process) for ``--steps`` steps on the same question order.
+Reports the mean reward per phase (first / second half of the steps) and its cross-seed standard deviation
+(the paper's stability table), plots the mean curves, and records how long it all took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, write_results  # noqa: E402
+
+from ziprl.config import load_config  # noqa: E402
+from ziprl.plots import plot_curves  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cold_start_model(overrides: list[str]) -> Path:
+    """The cached Stage 1 model of ``python -m ziprl.launch`` for these settings, built in-process if missing."""
+    from ziprl.demos import build_demos
+    from ziprl.launch import stage1_dir
+    from ziprl.learner.sft import run_sft
+
+    cfg = load_config(None, overrides)
+    root = stage1_dir(cfg)
+    if (root / "model" / "config.json").is_file():
+        return root / "model"
+    cfg.demos.out = str(root / "demos.parquet")
+    demos, counts = build_demos(cfg)
+    print(f"[hrr_vs_grpo] Stage 1: {counts['kept']} demo episodes; SFT", flush=True)
+    return run_sft(cfg, demos, root)
+
+
+def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[float]:
+    from ziprl.train import train
+
+    run_dir = out / f"w{w:g}_seed{seed}"
+    cfg = load_config(None, base + [f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",
+                                    f"run.out_dir={run_dir}", f"run.sft_checkpoint={model}", "run.checkpoint_every=1000"])
+    train(cfg, progress=True)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x["rollout/reward"] for x in lines]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--dataset", default="pooled")
+    ap.add_argument("--sft-checkpoint")
+    ap.add_argument("--out", default=str(REPO / "runs" / "hrr_vs_grpo"))
+    args = ap.parse_args()
+    base = [f"learner.steps={args.steps}", f"data.dataset={args.dataset}", "learner.lr=1e-5", "model.num_threads=1",
+            "rollout.group_size=4", "env.max_turns=5", "learner.beta=0.001"]
+    t0 = time.perf_counter()
+    model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model(["model.num_threads=1"])
+    t_sft = time.perf_counter() - t0
+    seeds = [int(s) for s in args.seeds.split(",")]
+    curves: dict[float, list[list[float]]] = {0.0: [], 0.2: []}
+    for seed in seeds:
+        for w in curves:
+            curves[w].append(run_one(seed, w, model, base, Path(args.out)))
+    half = max(1, args.steps // 2)
+    rows = []
+    for w, runs in curves.items():
+        for phase, sl in (("early", slice(0, half)), ("late", slice(half, None))):
+            per_seed = [statistics.fmean(r[sl]) for r in runs if r[sl]]
+            rows.append({"w": w, "phase": phase, "mean_reward": statistics.fmean(per_seed) if per_seed else float("nan"),
+                         "cross_seed_std": statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0,
+                         "seeds": len(per_seed)})
+    total = time.perf_counter() - t0
+    meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base,
+            "stage1_seconds": t_sft, "total_seconds": total, "curves": {str(w): c for w, c in curves.items()}}
+    write_results("hrr_vs_grpo", rows, meta)
+    mean_curve = lambda runs: [(i + 1, statistics.fmean(r[i] for r in runs)) for i in range(args.steps)]  # noqa: E731
+    plot_curves({f"w={w:g}": mean_curve(runs) for w, runs in curves.items()}, RESULTS / "hrr_vs_grpo.png",
+                f"Mean reward over {len(seeds)} seeds", "reward")
+    print(f"[hrr_vs_grpo] {total / 60:.1f} min in all")
+
+
+if __name__ == "__main__":
+    main()

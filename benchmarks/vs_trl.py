@@ -1,0 +1,180 @@
+"""One single-turn GRPO step, ZipRL against TRL's ``GRPOTrainer``, on this CPU with the same default model.
+
+Same work on both sides: 2 chat prompts x G = 4 sampled completions (temperature 1, top-p 1, at most 32 new
+tokens), a keyword + length reward, GRPO advantages, beta = 0.001 KL to a frozen reference, AdamW at lr 1e-6,
+one optimiser step. ZipRL generates with ``HFEngine``, trains with ``Trainer.train_step`` (DeepSpeed, ZeRO-0)
+and pushes the new weights into the engine; TRL does its own generation and update (``GRPOConfig`` defaults
+otherwise, which include gradient checkpointing).
+
+Each side runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own. A step's time is wall time
+of the whole step (generation + update [+ weight push]); start-up (imports, model load, DeepSpeed init) is
+excluded and each subprocess's first step is warm-up. The per-step figure is the median of the other steps
+over ``--rounds`` rounds whose side order alternates, because on a shared machine the load drifts a lot (and
+with it the cost of torch's multi-threaded kernels: pass ``--threads 1`` on a busy 2-core box).
+
+Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPTS = ["What is the capital of France? Answer in one sentence.",
+           "Name one famous landmark in Paris and say why it is famous."]
+G, NEW_TOKENS, BETA, LR = 4, 32, 0.001, 1e-6
+
+
+def reward(text: str) -> float:
+    """Keyword + length: 1 if the text mentions Paris, plus up to 1 for length (200 characters)."""
+    return float("paris" in text.lower()) + min(len(text), 200) / 200
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_ziprl(steps: int) -> dict:
+    from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig
+    from ziprl.env.trajectory import Trajectory, Turn
+    from ziprl.learner.trainer import Trainer
+    from ziprl.policy import HFEngine, resolve_model_path
+
+    path = resolve_model_path(ModelConfig())
+    engine = HFEngine(path, device="cpu")
+    cfg = ZipRLConfig()
+    cfg.learner.lr, cfg.learner.beta, cfg.learner.micro_batch_turns = LR, BETA, len(PROMPTS) * G
+    trainer = Trainer(cfg, path)
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW_TOKENS, stop=[])
+    prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    times, tokens, parts = [], [], {"generate_s": [], "train_s": [], "push_s": []}
+    for step in range(steps):
+        start = time.perf_counter()
+        gens = engine.generate([p for p in prompts for _ in range(G)], sampling, seed=step)
+        generated = time.perf_counter()
+        trajectories = [
+            Trajectory(question_id=f"p{k // G}", question=PROMPTS[k // G], answers=[], group_id=f"{step}-{k // G}",
+                       sample_index=k % G, reward=reward(gen.text),
+                       turns=[Turn(prompt_ids=gen.prompt_ids, response_ids=gen.token_ids, logprobs=gen.logprobs,
+                                   response_text=gen.text)])
+            for k, gen in enumerate(gens)
+        ]
+        trainer.train_step(trajectories)
+        trained = time.perf_counter()
+        engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
+        end = time.perf_counter()
+        times.append(end - start)
+        tokens.append(sum(len(g.token_ids) for g in gens))
+        for part, seconds in zip(parts, (generated - start, trained - generated, end - trained), strict=True):
+            parts[part].append(seconds)
+    return {"step_seconds": times, "completion_tokens": tokens, **parts}
+
+
+def run_trl(steps: int) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ziprl.config import ModelConfig
+    from ziprl.policy import resolve_model_path
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self.start)
+
+    tokens: list[int] = []
+
+    def trl_reward(completions, completion_ids, **kwargs) -> list[float]:
+        tokens.append(sum(len(ids) for ids in completion_ids))
+        return [reward(c[0]["content"]) for c in completions]
+
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / "ziprl-vs-trl"
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
+                      per_device_train_batch_size=len(PROMPTS) * G, num_generations=G,
+                      max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, beta=BETA, learning_rate=LR,
+                      max_steps=steps, gradient_accumulation_steps=1, bf16=False, seed=0)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=str(resolve_model_path(ModelConfig())), reward_funcs=trl_reward, args=args,
+                          train_dataset=dataset, callbacks=[timer])
+    trainer.train()
+    return {"step_seconds": timer.times, "completion_tokens": tokens}
+
+
+def side_in_subprocess(side: str, steps: int, threads: int | None) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    cmd = [sys.executable, __file__, "--side", side, "--steps", str(steps)]
+    proc = subprocess.run(cmd + (["--threads", str(threads)] if threads else []), env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} side failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="steps per side and round (the first is warm-up)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of one subprocess per side, order alternating")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
+    parser.add_argument("--side", choices=["ziprl", "trl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 3:
+        parser.error("--steps must be >= 3: one warm-up step and at least two measured ones")
+    if args.side:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        load = os.getloadavg()[0]
+        result = (run_ziprl if args.side == "ziprl" else run_trl)(args.steps)
+        print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads(),
+                          "load_1m": [load, os.getloadavg()[0]]}))
+        return
+
+    from _common import write_results
+
+    runs: dict[str, list[dict]] = {"ziprl": [], "trl": []}
+    for r in range(args.rounds):  # alternate the order so drifting machine load hits both sides alike
+        for side in ("ziprl", "trl") if r % 2 == 0 else ("trl", "ziprl"):
+            runs[side].append(side_in_subprocess(side, args.steps, args.threads))
+            print(f"round {r} {side}: {json.dumps(runs[side][-1])}", flush=True)
+    rows = []
+    for side, results in runs.items():
+        measured = [t for res in results for t in res["step_seconds"][1:]]
+        tokens = [n for res in results for n in res["completion_tokens"]]
+        row = {"framework": side, "threads": results[0]["threads"],
+               "warmup_step_s": statistics.median(res["step_seconds"][0] for res in results),
+               "step_s": statistics.median(measured), "step_s_min": min(measured), "step_s_max": max(measured),
+               "measured_steps": len(measured), "completion_tokens_per_step": statistics.mean(tokens),
+               "peak_rss_mb": max(res["peak_rss_mb"] for res in results)}
+        for part in ("generate_s", "train_s", "push_s"):
+            if part in results[0]:
+                row[part] = statistics.median(t for res in results for t in res[part][1:])
+        rows.append(row)
+    ratio = rows[0]["step_s"] / rows[1]["step_s"]
+    for row in rows:
+        row["time_vs_trl"] = row["step_s"] / rows[1]["step_s"]
+    loads = [x for res in runs["ziprl"] + runs["trl"] for x in res["load_1m"]]
+    meta = {"prompts": len(PROMPTS), "group_size": G, "max_new_tokens": NEW_TOKENS, "beta": BETA, "lr": LR,
+            "steps_per_side_and_round": args.steps, "rounds": args.rounds, "statistic": "median of measured steps",
+            "load_1m_range": [min(loads), max(loads)], "ziprl_time_vs_trl": ratio,
+            "goal": "ziprl_time_vs_trl <= 0.25"}
+    write_results("vs_trl", rows, meta)
+    print(f"ZipRL step time = {ratio:.3f} x TRL's")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Checkpoints resume exactly: same loss and weights at the next step, same RNG draws, same data position."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_trainer import (  # noqa: F401  (fixtures)
+    default_model_dir,
+    make_cfg,
+    make_trajectories,
+    requires_deepspeed,
+    tiny_model_dir,
+)
+from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ziprl.learner.trainer import Trainer
+
+pytestmark = [pytest.mark.slow, requires_deepspeed]
+
+
+@pytest.fixture(scope="module")
+def batches(tiny_model_dir):  # noqa: F811
+    return [make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2, seed=s) for s in range(3)]
+
+
+def rng_draws() -> tuple:
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+@pytest.mark.parametrize(("save_stage", "load_stage"), [(0, 0), (2, 2), (3, 3), (2, 0)])
+def test_resume_is_exact(save_stage, load_stage, tiny_model_dir, batches, tmp_path):  # noqa: F811
+    def trainer(stage: int) -> Trainer:
+        return Trainer(make_cfg(zero_stage=stage, lr=1e-3, warmup_steps=3, beta=0.001, micro_batch_turns=3),
+                       tiny_model_dir)
+
+    run = trainer(save_stage)
+    for trajectories in batches[:2]:
+        run.train_step(trajectories)
+    path = save_checkpoint(run, tmp_path, {"cursor": 17, "epoch": 1})
+    draws = rng_draws()
+    third = run.train_step(batches[2])
+    weights = run.named_weights_numpy()
+
+    resumed = trainer(load_stage)
+    assert load_checkpoint(resumed, tmp_path) == {"cursor": 17, "epoch": 1}
+    assert rng_draws() == draws
+    assert (resumed.global_step, resumed.policy_version, resumed.lr) == (2, 2, run.lr)
+    again = resumed.train_step(batches[2])
+    for key in ("loss", "kl", "lr", "tokens"):
+        assert again[key] == pytest.approx(third[key], rel=1e-6, abs=1e-9), key
+    # ZeRO and torch sum the squared gradients in different orders: the norms agree to float32 round-off
+    assert again["grad_norm"] == pytest.approx(third["grad_norm"], rel=1e-6 if save_stage == load_stage else 1e-5)
+    for name, value in resumed.named_weights_numpy().items():
+        np.testing.assert_allclose(value, weights[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert path == tmp_path / "checkpoints" / "step_2" and latest_checkpoint(tmp_path) == path
+
+
+def test_layout_latest_pointer_and_retention(tiny_model_dir, batches, tmp_path):  # noqa: F811
+    assert latest_checkpoint(tmp_path) is None
+    run = Trainer(make_cfg(beta=0.0), tiny_model_dir)
+    for step in range(3):
+        run.train_step(batches[step])
+        save_checkpoint(run, tmp_path, {"step": step}, keep=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_3"]
+    assert latest_checkpoint(tmp_path) == root / "step_3"
+    files = sorted(p.name for p in (root / "step_3").iterdir())
+    assert files == ["model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"]
+    state = json.loads((root / "step_3" / "state.json").read_text())
+    assert state["step"] == 3 and state["data_position"] == {"step": 2} and state["optimizer"]["step"] == 3.0
+    assert load_checkpoint(Trainer(make_cfg(beta=0.0), tiny_model_dir), root / "step_2") == {"step": 1}
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(run, tmp_path / "nowhere")

@@ -1,0 +1,260 @@
+"""The DeepSpeed trainer on CPU: gradients equal a plain-torch reference (any ZeRO stage, any micro-batch
+count), a real GRPO step on the default model lowers the loss, weights go out whole."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ziprl.config import ConfigError, ModelConfig, ZipRLConfig
+from ziprl.env.trajectory import Trajectory, Turn
+from ziprl.learner.advantages import compute_advantages
+from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
+from ziprl.learner.losses import policy_loss
+from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
+from ziprl.learner.trainer import Trainer
+from ziprl.policy.models import load_model, load_tokenizer, resolve_model_path
+
+requires_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                        reason="the trainer needs DeepSpeed: pip install 'ziprl[deepspeed]'")
+pytestmark = [pytest.mark.slow, requires_deepspeed]
+
+
+def make_cfg(**learner) -> ZipRLConfig:
+    cfg = ZipRLConfig()
+    for key, value in learner.items():
+        setattr(cfg.learner, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    return resolve_model_path(ModelConfig())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer (real token ids, fast steps)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(default_model_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@torch.no_grad()
+def behaviour_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
+    logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
+
+
+@functools.cache
+def model_and_tokenizer(model_dir: Path):
+    return load_model(model_dir), load_tokenizer(model_dir)
+
+
+def make_trajectories(model_dir: Path, groups: int, group_size: int, max_turns: int, seed: int = 0,
+                      logprob_noise: float = 0.0) -> list[Trajectory]:
+    """Multi-turn trajectories with real chat-template prompts, tag-protocol responses and behaviour log-probs
+    from a forward pass of the model (rho = 1 at the start unless ``logprob_noise`` perturbs them)."""
+    rng = random.Random(seed)
+    model, tok = model_and_tokenizer(model_dir)
+    eot = end_of_turn_ids(tok)
+    out = []
+    for g in range(groups):
+        for i in range(group_size):
+            turns = []
+            for j in range(1 + (i + g) % max_turns):
+                prompt = chat_prompt_ids(tok, [{"role": "user", "content": f"Question {g}: who wrote book {j}?"}])
+                text = f'<compress level="{1 + (i + j) % 5}">doc {i} says author {rng.randint(0, 99)}</compress>'
+                text += "<answer>Ann</answer>" if j == (i + g) % max_turns else f"<search>book {j} author</search>"
+                response = tok(text, add_special_tokens=False)["input_ids"] + eot
+                lp = [x - logprob_noise * rng.random() for x in behaviour_logprobs(model, prompt, response)]
+                turns.append(Turn(prompt_ids=prompt, response_ids=response, logprobs=lp, response_text=text,
+                                  q_com=rng.random() if j else None))
+            out.append(Trajectory(question_id=f"q{g}", question=f"Question {g}", answers=["Ann"], group_id=f"g{g}",
+                                  sample_index=i, reward=float((i + g) % 2), turns=turns))
+    return out
+
+
+def reference_step(model_dir: Path, weights: dict[str, np.ndarray], trajectories, cfg: ZipRLConfig):
+    """Plain torch: the whole batch in ONE micro-batch, loss.backward(); returns (flat grads, loss)."""
+    model = load_model(model_dir).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(weights[name]))
+    adv = compute_advantages(trajectories, cfg.learner)
+    rows = build_rows(adv.trajectories, adv.turn_advantages, cfg.learner.loss_norm)
+    (mb,) = make_micro_batches(rows, len(rows), pad_id=model_and_tokenizer(model_dir)[1].pad_token_id)
+    logp = response_logprobs(model, mb)
+    loss, _ = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, clip_eps=cfg.learner.clip_eps)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), loss.item()
+
+
+def capture_grads(trainer: Trainer) -> list[torch.Tensor]:
+    """Record the gradients AdamW sees (reduced; ZeRO's flat partitions) at every optimiser step."""
+    seen: list[torch.Tensor] = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(
+            torch.cat([p.grad.detach().flatten().clone() for g in opt.param_groups for p in g["params"]])))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def grad_batches(tiny_model_dir) -> list[list[Trajectory]]:
+    return [  # 9 turns -> 5 micro-batches of 2, then 2 turns -> 1 micro-batch
+        make_trajectories(tiny_model_dir, groups=2, group_size=3, max_turns=2, logprob_noise=0.3),
+        make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1, seed=1),
+    ]
+
+
+@pytest.mark.parametrize(("stage", "checkpointing"), [(0, False), (1, False), (2, False), (3, False), (0, True)])
+def test_gradients_equal_plain_torch_with_variable_micro_batches(stage, checkpointing, tiny_model_dir, grad_batches):
+    cfg = make_cfg(zero_stage=stage, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0,
+                   gradient_checkpointing=checkpointing)
+    trainer = Trainer(cfg, tiny_model_dir)
+    assert trainer.ref_model is None  # beta = 0: no reference model is loaded
+    seen = capture_grads(trainer)
+    for step, trajectories in enumerate(grad_batches, 1):
+        ref_grad, ref_loss = reference_step(tiny_model_dir, trainer.named_weights_numpy(), trajectories, cfg)
+        stats = trainer.train_step(trajectories)
+        got = seen[-1]
+        assert got[: ref_grad.numel()].allclose(ref_grad, rtol=1e-4, atol=1e-6 * float(ref_grad.abs().max()))
+        assert not got[ref_grad.numel():].any()  # ZeRO's alignment padding only
+        assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-8)
+        assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
+        assert stats["kl"] == 0.0 and trainer.policy_version == step
+        if step == 1:
+            assert stats["clip_frac"] > 0  # the perturbed behaviour log-probs exercise the clipped branch
+
+
+def test_default_model_grpo_step_lowers_loss(default_model_dir, tmp_path):
+    cfg = make_cfg(lr=1e-5, beta=0.001, micro_batch_turns=4)
+    trainer = Trainer(cfg)  # model_path None -> the embedded default
+    assert trainer.model_path == default_model_dir and trainer.ref_model is not None
+    trajectories = make_trajectories(default_model_dir, groups=2, group_size=4, max_turns=2)
+    before = trainer.named_weights_numpy()
+
+    first = trainer.train_step(trajectories)
+    second = trainer.train_step(trajectories)  # its loss is measured before its own update
+    keys = {"loss", "clip_frac", "kl", "entropy", "adv_mean", "adv_std", "hrr_abs_mean", "zero_variance_frac",
+            "grad_norm", "lr", "tokens", "seconds"}
+    assert keys <= set(first) and all(np.isfinite(first[k]) for k in keys)
+    assert first["clip_frac"] == 0.0 and first["kl"] == pytest.approx(0.0, abs=1e-6)  # rho = 1, policy = reference
+    assert second["loss"] < first["loss"] - 1e-4
+    assert second["kl"] > 0 and first["entropy"] > 0 and first["lr"] == 1e-5
+    assert trainer.policy_version == 2
+
+    after = trainer.named_weights_numpy()
+    assert set(after) == set(before) and all(a.dtype == np.float32 for a in after.values())
+    assert any(not np.array_equal(before[k], after[k]) for k in after)
+    saved = trainer.save_pretrained(tmp_path / "policy")
+    reloaded = load_model(saved)
+    for name, p in reloaded.named_parameters():
+        assert np.array_equal(p.detach().numpy(), after[name]), name
+    assert load_tokenizer(saved).eos_token == trainer.tokenizer.eos_token
+
+
+def test_all_zero_variance_groups_dropped_takes_no_step(tiny_model_dir):
+    trainer = Trainer(make_cfg(beta=0.0, drop_zero_variance_groups=True), tiny_model_dir)
+    trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1)
+    for t in trajectories:
+        t.reward = 1.0
+    stats = trainer.train_step(trajectories)
+    assert stats["skipped"] == 1.0 and stats["zero_variance_frac"] == 1.0 and trainer.policy_version == 0
+
+
+def test_warmup_then_constant_lr(tiny_model_dir):
+    trainer = Trainer(make_cfg(beta=0.0, lr=1e-3, warmup_steps=2), tiny_model_dir)
+    trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1)
+    lrs = [trainer.train_step(trajectories)["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3])
+
+
+def test_bf16_on_cpu_is_a_config_error(tiny_model_dir):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="CUDA"):
+        Trainer(make_cfg(bf16=True, zero_stage=2), tiny_model_dir)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + ZeRO-2/3 runs on a CUDA GPU; this machine has none")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_zero_on_gpu(stage, tiny_model_dir):
+    trainer = Trainer(make_cfg(bf16=True, zero_stage=stage, lr=1e-3, beta=0.001), tiny_model_dir)
+    trajectories = make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2)
+    first, second = trainer.train_step(trajectories), trainer.train_step(trajectories)
+    assert np.isfinite(first["loss"]) and np.isfinite(first["grad_norm"]) and second["loss"] < first["loss"]
+    weights = trainer.named_weights_numpy()
+    assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in weights.values())
+
+
+def two_rank_worker(model_dir: str, batch_file: str, out_dir: str) -> None:
+    """One of two data-parallel ranks (env from the launcher below): a ZeRO-0 and a ZeRO-2 step, results to disk."""
+    from safetensors.torch import save_file
+
+    from ziprl.env.trajectory import load_trajectories
+    from ziprl.learner.distributed import rank
+
+    trajectories = load_trajectories(batch_file)
+    for stage in (0, 2):
+        cfg = make_cfg(zero_stage=stage, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0)
+        trainer = Trainer(cfg, Path(model_dir))
+        seen = capture_grads(trainer)
+        stats = trainer.train_step(trajectories)
+        save_file({"grad": seen[-1]}, f"{out_dir}/stage{stage}-rank{rank()}.safetensors")
+        Path(f"{out_dir}/stage{stage}-rank{rank()}.json").write_text(json.dumps(stats))
+
+
+def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_batches, tmp_path):
+    """Two gloo ranks each train on half of the turns (unequal micro-batch counts: 3 and 2) and reach the
+    gradient, loss and weights of one rank training on all of them."""
+    from safetensors.torch import load_file
+
+    from ziprl.env.trajectory import save_trajectories
+    from ziprl.learner.distributed import free_port
+
+    batch = grad_batches[0]  # 9 turns: rank 0 gets 5 (3 micro-batches), rank 1 gets 4 (2)
+    save_trajectories(batch, tmp_path / "batch.parquet")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    code = (f"from tests.test_trainer import two_rank_worker; "
+            f"two_rank_worker({str(tiny_model_dir)!r}, {str(tmp_path / 'batch.parquet')!r}, {str(tmp_path)!r})")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        errors = [p.communicate(timeout=600)[1] for p in procs]
+    finally:
+        for p in procs:  # a rank that failed leaves the other waiting in a collective
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), errors[0][-3000:] + errors[1][-3000:]
+
+    cfg = make_cfg(zero_stage=0, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0)
+    ref_grad, ref_loss = reference_step(tiny_model_dir, Trainer(cfg, tiny_model_dir).named_weights_numpy(), batch, cfg)
+    for stage in (0, 2):
+        grads = [load_file(tmp_path / f"stage{stage}-rank{r}.safetensors")["grad"] for r in range(2)]
+        # ZeRO-0: each rank holds the whole averaged gradient; ZeRO-2: each holds its half of the flat one
+        grad = grads[0] if stage == 0 else torch.cat(grads)
+        assert grad[: ref_grad.numel()].allclose(ref_grad, rtol=1e-4, atol=1e-6 * float(ref_grad.abs().max()))
+        for r in range(2):
+            stats = json.loads((tmp_path / f"stage{stage}-rank{r}.json").read_text())
+            assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5)
+            assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)

@@ -1,0 +1,197 @@
+"""Checkpoints that resume a :class:`~ziprl.learner.trainer.Trainer` exactly, with no pickle anywhere.
+
+``<out>/checkpoints/step_<n>/`` holds
+
+- ``model.safetensors``: the float32 master weights, whole tensors under their HF parameter names;
+- ``optimizer.safetensors``: AdamW's moments per parameter (``exp_avg/<name>``, ``exp_avg_sq/<name>``);
+- ``rng.safetensors``: torch's CPU (and CUDA) generator states and numpy's MT19937 key;
+- ``state.json``: step, policy version, AdamW's step count and hyper-parameters, the LR scheduler state,
+  the python and numpy RNG scalars, the ZeRO stage it was written under, and the caller's data position.
+
+``<out>/checkpoints/latest`` names the newest complete checkpoint. A checkpoint is written beside its final
+place and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one.
+
+Tensors are stored whole (gathered with DeepSpeed's ``safe_get_full_*`` API under ZeRO 1-3), not as
+DeepSpeed's per-rank partitions, so DeepSpeed's own ``torch.save`` checkpoints are not needed and a
+checkpoint resumes under any ZeRO stage or number of ranks. RNG states are rank 0's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ziprl.learner.distributed import rank, world_size
+from ziprl.learner.trainer import replace_dir
+
+if TYPE_CHECKING:
+    from ziprl.learner.trainer import Trainer
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+LATEST = "latest"
+
+
+def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = 2) -> Path:
+    """Write ``<out_dir>/checkpoints/step_<n>/`` and point ``latest`` at it; keep the newest ``keep`` (None = all).
+
+    ``data_position`` is an opaque JSON-serialisable dict (e.g. dataset cursor and epoch) handed back by
+    :func:`load_checkpoint`. Every rank must call this (ZeRO gathers are collective); rank 0 writes.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    root = Path(out_dir) / "checkpoints"
+    module, base = trainer.engine.module, trainer.optimizer
+    weights, moments = {}, {}
+    for name, p in module.named_parameters():
+        full = safe_get_full_fp32_param(p)  # None without ZeRO: the parameter is its own master
+        weights[name] = _cpu(p if full is None else full)
+        for key in MOMENTS if base.state else ():
+            full = safe_get_full_optimizer_state(p, key)
+            moments[f"{key}/{name}"] = _cpu(base.state[p][key] if full is None else full)
+    adam_steps = {float(s["step"]) for s in base.state.values()}
+    if len(adam_steps) > 1:
+        raise RuntimeError(f"AdamW parameters are at different step counts {sorted(adam_steps)}; cannot store one")
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "step": trainer.global_step,
+        "policy_version": trainer.policy_version,
+        "zero_stage": trainer.zero_stage,
+        "world_size": world_size(),
+        "optimizer": {
+            "step": adam_steps.pop() if adam_steps else 0.0,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in base.param_groups],
+        },
+        "scheduler": trainer.scheduler.state_dict(),
+        "rng": {"python": [py_state[0], list(py_state[1]), py_state[2]], "numpy": [np_state[0], *np_state[2:]]},
+        "data_position": data_position,
+    }
+    rng = {"torch": torch.get_rng_state(), "numpy_key": torch.from_numpy(np_state[1].astype(np.int64))}
+    if torch.cuda.is_available():
+        rng.update({f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+
+    final = root / f"step_{trainer.global_step}"
+    if rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            save_file(weights, tmp / "model.safetensors")
+            save_file(moments, tmp / "optimizer.safetensors")
+            save_file(rng, tmp / "rng.safetensors")
+            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            replace_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, root / LATEST)
+        if keep is not None:
+            steps = sorted((p for p in root.glob("step_*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+            for old in steps[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+    if world_size() > 1:
+        torch.distributed.barrier()
+    return final
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The checkpoint ``<out_dir>/checkpoints/latest`` names, or None when none was written."""
+    root = Path(out_dir) / "checkpoints"
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is missing or incomplete")
+    return path
+
+
+def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, RNG, step and policy version; return the saved data position.
+
+    ``path_or_out_dir`` is a ``step_<n>`` directory or a run directory (its ``latest`` checkpoint). Every rank
+    must call this. Build ``trainer`` with the same model path as the run it resumes (the reference model).
+    """
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    path = Path(path_or_out_dir)
+    if not (path / "state.json").is_file():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"{path} is neither a checkpoint directory nor a run directory with checkpoints")
+        path = found
+    state = json.loads((path / "state.json").read_text())
+    weights = load_file(path / "model.safetensors")
+    moments = load_file(path / "optimizer.safetensors")
+    module, base, device = trainer.engine.module, trainer.optimizer, trainer.device
+    names = [name for name, _ in module.named_parameters()]
+    if set(weights) != set(names):
+        missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
+        raise ValueError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}")
+
+    if moments:
+        _ensure_adam_state(trainer, state["optimizer"]["step"])
+    with trainer.gathered(modify=True):
+        for name, p in module.named_parameters():
+            value = weights[name].to(device)
+            safe_set_full_fp32_param(p, value)  # ZeRO's float32 master (no-op without ZeRO)
+            p.data.copy_(value)  # the module's own (compute-dtype) copy
+            for key in MOMENTS if moments else ():
+                m = moments[f"{key}/{name}"].to(device)
+                if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+                    safe_set_full_optimizer_state(p, m, key)
+                else:
+                    base.state[p][key].copy_(m)
+    for group, saved in zip(base.param_groups, state["optimizer"]["param_groups"], strict=True):
+        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.engine.global_steps = trainer.global_step = state["step"]
+    trainer.policy_version = state["policy_version"]
+    _set_rng(state["rng"], load_file(path / "rng.safetensors"))
+    return state["data_position"]
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float32, copy=True).contiguous()
+
+
+def _ensure_adam_state(trainer: Trainer, step: float) -> None:
+    """Give every AdamW parameter (ZeRO's flat partitions, or the parameters themselves) a state at ``step``.
+
+    A fresh trainer has none yet (AdamW creates it lazily); the moments are then written into it.
+    """
+    base, zero = trainer.optimizer, trainer.engine.optimizer
+    if trainer.zero_stage == 3:  # ZeRO-3 hands its flat fp32 sub-groups to AdamW only while stepping
+        params = list(zero.fp32_partitioned_groups_flat)
+    else:
+        params = [p for group in base.param_groups for p in group["params"]]
+    on_device = base.defaults["fused"] or base.defaults["capturable"]  # where AdamW itself keeps "step"
+    for p in params:
+        s = base.state[p]
+        if not s:
+            s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        s["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device if on_device else "cpu")
+    if trainer.zero_stage in (1, 2):
+        # ZeRO-1/2 map each parameter onto these flat states lazily at the first step; map them now.
+        zero._lazy_init_hp_params_optimizer_state()
+
+
+def _set_rng(saved: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    version, internal, gauss = saved["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, pos, has_gauss, cached = saved["numpy"]
+    np.random.set_state((name, tensors["numpy_key"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda_{i}"] for i in range(sum(k.startswith("cuda_") for k in tensors))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)

@@ -1,0 +1,86 @@
+"""DeepSpeed bootstrap: the rendezvous environment, the accelerator, and a persistent build cache.
+
+A single process (a test, the SFT command, the learner actor) needs no launcher: the torch.distributed
+variables default to a one-rank group on ``127.0.0.1`` and a free port; under ``deepspeed``/``torchrun``
+the launcher's RANK/WORLD_SIZE/... are kept. The backend is gloo on CPU and nccl on GPU.
+
+Build cache: on the CPU accelerator ``deepspeed.init_distributed`` JIT-compiles one C++ op
+(``deepspeed_shm_comm``, ~100 s on two cores) with torch's cpp_extension. It is compiled once into
+``TORCH_EXTENSIONS_DIR``, which defaults here to ``<ZipRL cache>/torch_extensions`` (``$ZIPRL_CACHE`` or
+``~/.cache/ziprl``), and every later run loads it in well under a second. No CUDA op is ever built: the
+trainer uses torch's AdamW, not DeepSpeed's FusedAdam, and ``DS_ACCELERATOR`` is pinned to the configured
+device (``model.device``; auto = CUDA when torch sees it), so DeepSpeed neither probes nor compiles for others.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ziprl.config import ModelConfig
+from ziprl.policy.models import cache_root, resolve_device
+
+INSTALL_HINT = "the learner runs on DeepSpeed: pip install 'ziprl[deepspeed]' (DS_BUILD_OPS=0 on CPU machines)"
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_dist_env() -> None:
+    """Default the torch.distributed rendezvous variables to a one-process group (set ones are kept)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+
+
+def extensions_dir(model_cfg: ModelConfig | None = None) -> Path:
+    """Where DeepSpeed's JIT-built ops live: ``$TORCH_EXTENSIONS_DIR`` if set, else the ZipRL cache."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    return cache_root(model_cfg or ModelConfig()) / "torch_extensions"
+
+
+def import_deepspeed(model_cfg: ModelConfig | None = None) -> Any:
+    """Import DeepSpeed with the accelerator and the build cache pinned; a clear error when it is missing."""
+    model_cfg = model_cfg or ModelConfig()
+    os.environ.setdefault("DS_ACCELERATOR", resolve_device(model_cfg.device))
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir(model_cfg))
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ImportError(f"{INSTALL_HINT} ({exc})") from None
+    return deepspeed
+
+
+def init_distributed(model_cfg: ModelConfig | None = None) -> Any:
+    """Join (or create) the process group: gloo on CPU, nccl on GPU. Idempotent; returns ``deepspeed``."""
+    import torch
+
+    cuda = resolve_device((model_cfg or ModelConfig()).device) == "cuda"
+    deepspeed = import_deepspeed(model_cfg)
+    ensure_dist_env()
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    return deepspeed
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1

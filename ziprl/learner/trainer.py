@@ -1,0 +1,297 @@
+"""The learner: one DeepSpeed engine for the RL step (GRPO + HRR, paper §3.5) and the SFT cold start.
+
+One code path on every machine: ``deepspeed.initialize`` with ZeRO stage ``learner.zero_stage`` (0-3; gloo on
+CPU, nccl on GPU), torch's AdamW, linear warm-up then constant LR, gradient clipping, optional gradient
+checkpointing, and bf16 compute when ``learner.bf16`` is set on a CUDA machine (float32 master weights and
+optimizer state either way).
+
+Gradient accumulation: a step has as many micro-batches as its turns need, so DeepSpeed runs with
+``managed_gradient_accumulation=False``: every ``engine.backward`` only accumulates, and ``engine.step`` is
+the one boundary (reduce, clip, update). Each micro-batch loss is a weighted *sum* whose per-token weights
+already hold the batch normalisation (``losses.token_weight``), so the losses are summed, never divided by
+the number of micro-batches. With R data-parallel ranks every rank is handed the whole batch, computes the
+same rows and weights, trains on rows ``rank::R`` (padded to the same number of micro-batches, since ZeRO's
+collectives need every rank to run as many passes) and scales its loss by R, because DeepSpeed averages the
+gradients over ranks.
+
+Batch size: :meth:`Trainer.train_step` is ONE optimiser step over the trajectories it is given. The paper's
+global batch (64 questions x G trajectories) is what the caller hands it: ``learner.global_batch_questions``
+groups of ``rollout.group_size`` trajectories, split into micro-batches of ``learner.micro_batch_turns`` turns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ziprl.config import ConfigError, ZipRLConfig
+from ziprl.env.trajectory import Trajectory
+from ziprl.learner.advantages import compute_advantages
+from ziprl.learner.batch import (
+    MicroBatch,
+    TurnRow,
+    build_rows,
+    make_micro_batches,
+    response_logprobs,
+    response_logprobs_and_entropy,
+)
+from ziprl.learner.distributed import init_distributed, rank, world_size
+from ziprl.learner.losses import policy_loss
+from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
+
+if TYPE_CHECKING:
+    from ziprl.learner.sft import SFTRow
+
+
+def warmup_factor(warmup_steps: int):
+    """LR multiplier for optimiser step s (0-based): linear warm-up over ``warmup_steps`` steps, then 1."""
+    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer's activations in backward (transformers >= 5 renamed the switch)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+class Trainer:
+    """Policy (a DeepSpeed engine) + frozen reference model (only when beta > 0) + optimiser bookkeeping.
+
+    ``model_path`` None trains ``resolve_model_path(cfg.model)``. The reference model is the same checkpoint,
+    frozen; build a resumed trainer from the same ``model_path`` so it keeps the same reference.
+    """
+
+    def __init__(self, cfg: ZipRLConfig, model_path: str | Path | None = None) -> None:
+        self.cfg = cfg.validate()
+        lc = cfg.learner
+        self.model_path = Path(model_path) if model_path is not None else resolve_model_path(cfg.model)
+        if lc.bf16 and resolve_device(cfg.model.device) != "cuda":
+            raise ConfigError("learner.bf16 needs a CUDA GPU; set learner.bf16=false to train in float32 on CPU")
+        if lc.bf16 and lc.zero_stage == 0:
+            raise ConfigError("learner.bf16 needs learner.zero_stage >= 1 (DeepSpeed keeps the float32 master there)")
+        self._ds = init_distributed(cfg.model)
+        self.zero_stage = lc.zero_stage
+        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+        model = load_model(self.model_path, "float32", "cpu", cfg.model.trust_remote_code)
+        if lc.gradient_checkpointing:
+            enable_checkpointing(model)
+        # fused: one kernel per step on CPU and GPU (the per-tensor loop is ~7x slower on CPU)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay, fused=True)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_factor(lc.warmup_steps))
+        # fp32 without ZeRO: DeepSpeed would clip but not report the norm, so we clip in a pre-step hook.
+        self._clip_in_hook = lc.zero_stage == 0 and not lc.bf16
+        if self._clip_in_hook:
+            self.optimizer.register_step_pre_hook(self._clip_hook)
+        self._grad_norm = float("nan")
+        ds_config = {
+            "train_micro_batch_size_per_gpu": lc.micro_batch_turns,
+            "gradient_accumulation_steps": 1,
+            "managed_gradient_accumulation": False,  # engine.step() is the boundary, however many micro-batches
+            "gradient_clipping": 0.0 if self._clip_in_hook else lc.max_grad_norm,
+            "zero_optimization": {"stage": lc.zero_stage},
+            "bf16": {"enabled": lc.bf16},
+            "zero_allow_untested_optimizer": True,  # torch AdamW: runs anywhere, no CUDA op build
+            "steps_per_print": 2**31 - 1,
+        }
+        self.engine, _, _, _ = self._ds.initialize(
+            model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config
+        )
+        self.engine.train()
+        if lc.zero_stage == 0 and world_size() == 1:
+            self.engine.enable_backward_allreduce = False  # one rank: averaging would only copy every gradient
+        self.device = self.engine.device
+
+        self.ref_model = None
+        if lc.beta > 0:
+            dtype = "bfloat16" if lc.bf16 else "float32"
+            self.ref_model = load_model(self.model_path, dtype, str(self.device), cfg.model.trust_remote_code)
+            self.ref_model.requires_grad_(False)
+        self.global_step = 0  # optimiser steps taken (RL and SFT)
+        self.policy_version = 0  # +1 per optimiser step; tags the weights pushed to the engines
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One optimiser step of the ZipRL objective over ``trajectories`` (whole groups of G samples).
+
+        Advantages (GRPO per trajectory + HRR per turn) -> turn rows -> micro-batches -> token-level clipped
+        surrogate with beta * k3 KL to the reference -> one update. Returns the step's statistics; ``kl`` is 0
+        when beta = 0 (no reference model). A batch whose groups were all dropped (zero variance) takes no step.
+        """
+        start = time.perf_counter()
+        lc = self.cfg.learner
+        adv = compute_advantages(trajectories, lc)
+        stats = {k: adv.stats[k] for k in ("adv_mean", "adv_std", "hrr_abs_mean", "zero_variance_frac")}
+        rows = build_rows(adv.trajectories, adv.turn_advantages, lc.loss_norm)
+        if not rows:
+            return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
+
+        sums = torch.zeros(5, dtype=torch.float64)  # loss, tokens, clipped tokens, kl * tokens, entropy * tokens
+        for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
+            logp, entropy = response_logprobs_and_entropy(self.engine, mb)
+            ref_logp = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logp = response_logprobs(self.ref_model, mb)
+            # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
+            loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps)
+            self.engine.backward(loss * world_size())  # DeepSpeed averages over ranks; the weights already sum
+            if real:
+                n = st["tokens"]
+                ent = float((entropy * mb.loss_mask).sum())
+                sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent])
+        lr = self.lr
+        grad_norm = self._optimizer_step()
+        loss_sum, tokens, clipped, kl, ent = self._all_reduce(sums).tolist()
+        return {
+            **stats,
+            "loss": loss_sum,
+            "clip_frac": clipped / tokens,
+            "kl": kl / tokens,
+            "entropy": ent / tokens,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+            "turns": float(len(rows)),
+            "policy_version": float(self.policy_version),
+            "seconds": time.perf_counter() - start,
+        }
+
+    def sft_step(self, rows: Sequence[SFTRow], micro_batch_size: int | None = None) -> dict[str, float]:
+        """One optimiser step of the cold-start SFT loss: NLL of the response tokens, mean over all of them.
+
+        ``rows`` carry ``input_ids`` and ``response_start`` (see ``ziprl.learner.sft.sft_rows``); they are
+        split into micro-batches of ``micro_batch_size`` rows (default ``learner.micro_batch_turns``).
+        """
+        start = time.perf_counter()
+        if not rows:
+            raise ValueError("sft_step needs at least one row")
+        n = sum(len(r.input_ids) - r.response_start for r in rows)
+        # Appendix (Cold Start), L_SFT = -sum_t log pi(o_t | q, o_<t), here averaged over the batch's n response tokens
+        turn_rows = [
+            TurnRow(input_ids=list(r.input_ids), response_start=r.response_start,
+                    old_logp=[0.0] * (len(r.input_ids) - r.response_start), advantage=1.0, weight=1.0 / n, traj_index=i)
+            for i, r in enumerate(rows)
+        ]
+        sums = torch.zeros(2, dtype=torch.float64)  # loss, tokens
+        for mb, real in self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns):
+            logp = response_logprobs(self.engine, mb)
+            loss = -(mb.weight * logp * mb.loss_mask).sum()
+            self.engine.backward(loss * world_size())
+            if real:
+                sums += torch.tensor([loss.item(), float(mb.loss_mask.sum())])
+        lr = self.lr
+        grad_norm = self._optimizer_step()
+        loss_sum, tokens = self._all_reduce(sums).tolist()
+        return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
+                "seconds": time.perf_counter() - start}
+
+    def _micro_batches(self, rows: list[TurnRow], size: int) -> Iterator[tuple[MicroBatch, bool]]:
+        """This rank's micro-batches on the device; yields (micro-batch, is_real).
+
+        Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
+        then rank r takes rows ``r::R``; a rank with fewer micro-batches than rank 0 runs zero-weight fillers.
+        """
+        r, world = rank(), world_size()
+        rows = sorted(rows, key=lambda row: len(row.input_ids))
+        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id)]
+        missing = math.ceil(len(rows[0::world]) / size) - len(batches)  # rank 0 holds the most rows
+        if missing:
+            filler = make_micro_batches([dataclasses.replace(rows[0], weight=0.0)], 1, self.pad_id)[0]
+            batches += [(filler, False)] * missing
+        for mb, real in batches:
+            yield mb.to(self.device), real
+
+    def _optimizer_step(self) -> float:
+        """engine.step(): reduce, clip, AdamW update, LR schedule. Returns the pre-clip gradient norm."""
+        self.engine.step()
+        self.global_step += 1
+        self.policy_version += 1
+        norm = self._grad_norm if self._clip_in_hook else self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def _clip_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Clip the (already reduced) gradients right before AdamW updates; remember the norm."""
+        grads = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        max_norm = self.cfg.learner.max_grad_norm if self.cfg.learner.max_grad_norm > 0 else float("inf")
+        self._grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+
+    def _all_reduce(self, sums: torch.Tensor) -> torch.Tensor:
+        if world_size() > 1:
+            t = sums.to(self.device)
+            torch.distributed.all_reduce(t)
+            sums = t.cpu()
+        return sums
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimiser step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------ weights out
+
+    def gathered(self, modify: bool = False) -> contextlib.AbstractContextManager:
+        """Context in which every policy parameter is whole on this rank (ZeRO-3 gathers; otherwise no-op).
+
+        With ``modify`` the values rank 0 writes in place are partitioned back on exit.
+        """
+        if self.zero_stage == 3:
+            params = list(self.engine.module.parameters())
+            return self._ds.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
+        return contextlib.nullcontext()
+
+    def named_weights_numpy(self) -> dict[str, np.ndarray]:
+        """HF parameter name -> float32 numpy copy of the policy weights (tied weights appear once)."""
+        with self.gathered():
+            return {
+                name: p.detach().to("cpu", torch.float32, copy=True).numpy()
+                for name, p in self.engine.module.named_parameters()
+            }
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the policy as an HF checkpoint (safetensors + config + tokenizer), atomically; returns ``out_dir``.
+
+        Rank 0 writes; the directory appears complete or not at all (written beside it, then renamed).
+        """
+        out_dir = Path(out_dir)
+        with self.gathered():
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
+        if rank() == 0:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+            try:
+                self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                replace_dir(tmp, out_dir)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        if world_size() > 1:
+            torch.distributed.barrier()
+        return out_dir
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory ``src`` to ``dst``, replacing an existing ``dst`` (old one moved aside, then removed)."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{time.time_ns()}")
+        dst.rename(old)
+    src.rename(dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
