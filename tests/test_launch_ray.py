@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 
+import psutil
 import pytest
 import ray
 
@@ -14,16 +16,19 @@ from ziprl.config import ModelConfig, load_config
 pytestmark = pytest.mark.slow
 
 
-def _kill_a_rollout_actor_after_first_step(out, done: threading.Event, killed: list) -> None:
+def _kill_rollout_actor_mid_batch(done: threading.Event, killed: list) -> None:
+    """SIGKILL a rollout actor's process while it is executing ``run_batch`` (Ray titles it so): a crash."""
     deadline = time.time() + 600
     while time.time() < deadline and not done.is_set():
-        if (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip():
-            try:
-                ray.kill(ray.get_actor("ziprl-rollout-0"), no_restart=False)
-                killed.append(time.time())
-            except ValueError:
-                pass
-            return
+        for proc in psutil.process_iter(["cmdline"]):
+            if any("RolloutWorker.run_batch" in part for part in proc.info["cmdline"] or []):
+                time.sleep(1.0)  # let it get into generation
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    continue
+                killed.append(proc.pid)
+                return
         time.sleep(0.2)
 
 
@@ -42,7 +47,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
     ])
     ray.init(num_cpus=2, include_dashboard=False)
     done, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_a_rollout_actor_after_first_step, args=(out, done, killed), daemon=True)
+    killer = threading.Thread(target=_kill_rollout_actor_mid_batch, args=(done, killed), daemon=True)
     killer.start()
     try:
         metrics = launch(cfg, progress=False)

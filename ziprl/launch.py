@@ -38,7 +38,6 @@ def run_stage1(cfg: ZipRLConfig) -> Path:
     import ray
 
     from ziprl.demos import build_demos
-    from ziprl.learner.sft import run_sft
 
     root = stage1_dir(cfg)
     model = root / "model"
@@ -50,8 +49,20 @@ def run_stage1(cfg: ZipRLConfig) -> Path:
     path, counts = build_demos(cfg1)
     print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
           f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
-    task = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(run_sft)
+    task = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus, max_calls=1)(_sft_task)
     return Path(ray.get(task.remote(cfg1, str(path), str(root))))
+
+
+def _sft_task(cfg: ZipRLConfig, demos: str, out: str) -> Path:
+    """Stage 1 SFT inside a Ray worker: its own 1-rank world and CPU threads, then the worker exits."""
+    import torch
+
+    from ziprl.learner.distributed import own_single_process_env
+    from ziprl.learner.sft import run_sft
+
+    own_single_process_env()
+    torch.set_num_threads(max(1, int(cfg.ray.learner_cpus)))
+    return run_sft(cfg, demos, out)
 
 
 def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:

@@ -19,9 +19,11 @@ class LearnerWorker:
     def __init__(self, cfg: dict[str, Any], model_path: str, num_threads: int = 1):
         import torch
 
+        from ziprl.learner.distributed import own_single_process_env
         from ziprl.learner.trainer import Trainer
 
         torch.set_num_threads(max(1, num_threads))
+        own_single_process_env()
         self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
         self.trainer = Trainer(self.cfg, model_path)
 

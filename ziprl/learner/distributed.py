@@ -41,6 +41,14 @@ def ensure_dist_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def own_single_process_env() -> None:
+    """Make this process a 1-rank world of its own on a fresh port (Ray workers inherit their driver's env)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        os.environ.pop(key, None)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    ensure_dist_env()
+
+
 def extensions_dir(model_cfg: ModelConfig | None = None) -> Path:
     """Where DeepSpeed's JIT-built ops live: ``$TORCH_EXTENSIONS_DIR`` if set, else the ZipRL cache."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
