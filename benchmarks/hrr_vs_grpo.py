@@ -1,6 +1,6 @@
 """HRR (w = 0.2) vs plain GRPO (w = 0) from the cold-started default model: reward curves over seeds.
 
-    python benchmarks/hrr_vs_grpo.py [--steps 3] [--seeds 0,1,2] [--dataset pooled] [--sft-checkpoint DIR]
+    python benchmarks/hrr_vs_grpo.py [--steps 2] [--group-size 2] [--max-turns 3] [--seeds 0,1,2] [--dataset pooled] [--sft-checkpoint DIR]
 
 Each (seed, w) run is ``ziprl.train`` (single process) for ``--steps`` steps on the same question order.
 Reports the mean reward per phase (first / second half of the steps) and its cross-seed standard deviation
@@ -57,16 +57,19 @@ def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--dataset", default="pooled")
     ap.add_argument("--sft-checkpoint")
     ap.add_argument("--out", default=str(REPO / "runs" / "hrr_vs_grpo"))
     args = ap.parse_args()
     base = [f"learner.steps={args.steps}", f"data.dataset={args.dataset}", "learner.lr=1e-5", "model.num_threads=1",
-            "rollout.group_size=4", "env.max_turns=5", "learner.beta=0.001"]
+            f"rollout.group_size={args.group_size}", f"env.max_turns={args.max_turns}", "sampling.max_new_tokens=96",
+            "learner.beta=0.001"]
     t0 = time.perf_counter()
-    model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model(["model.num_threads=1"])
+    model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model([])
     t_sft = time.perf_counter() - t0
     seeds = [int(s) for s in args.seeds.split(",")]
     curves: dict[float, list[list[float]]] = {0.0: [], 0.2: []}

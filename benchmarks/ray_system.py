@@ -147,6 +147,33 @@ def weight_push(state_dict: dict[str, np.ndarray], actors: int, repeats: int = 7
             "put_s": round(statistics.median(puts[1:]), 3)}
 
 
+def rollout_throughput(actors: int, batches: int = 3) -> dict:
+    """(c) Generated tokens/s of ``actors`` rollout actors (1 torch thread each) on the same per-actor work."""
+    from ziprl.actors.rollout_actor import RolloutActor, example_dicts
+    from ziprl.actors.serve_retriever import deploy_retriever
+    from ziprl.config import ZipRLConfig, load_config
+    from ziprl.env.datasets import load_dataset
+    from ziprl.policy import resolve_model_path
+
+    cfg: ZipRLConfig = load_config(None, ["env.max_turns=3", "sampling.max_new_tokens=48", "rollout.group_size=2",
+                                          "ray.retriever_cpus=0.2"])
+    handle = deploy_retriever(cfg.retriever, cfg.ray, name=f"retriever{actors}")
+    path = str(resolve_model_path(cfg.model))
+    pool = [RolloutActor.options(num_cpus=0.01).remote(cfg.to_dict(), path, handle, i, 1) for i in range(actors)]
+    exs = load_dataset("sample")
+    ray.get([a.run_batch.remote(example_dicts(exs[:1]), 0) for a in pool])  # warm-up: load, first generation
+    start = time.perf_counter()
+    refs = [a.run_batch.remote(example_dicts(exs[1 + i * batches + b:][:1]), b) for i, a in enumerate(pool)
+            for b in range(batches)]
+    stats = [st for _, st in ray.get(refs)]
+    wall = time.perf_counter() - start
+    for a in pool:
+        ray.kill(a)
+    tokens = sum(st["tokens"] for st in stats)
+    return {"measure": "rollout_throughput", "actors": actors, "tokens": tokens, "wall_s": round(wall, 2),
+            "tokens_per_s": round(tokens / wall, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cores = os.cpu_count() or 1
@@ -155,24 +182,31 @@ def main() -> None:
                     help="CPUs (= encoder threads) of the replica; default: as many as the in-process run uses")
     ap.add_argument("--real-model", action="store_true", help="push the real SmolLM2-135M weights")
     ap.add_argument("--max-actors", type=int, default=4)
+    ap.add_argument("--parts", default="abc", help="which measurements: a (retrieval), b (push), c (rollouts)")
     args = ap.parse_args()
 
     load_before = os.getloadavg()[0]
     init_ray(RayConfig(), num_cpus=args.cpus)
-    rows = retrieval_throughput(RetrieverConfig(), args.retriever_cpus)
-    sd, source = state_dict_135m(args.real_model)
-    for _ in range(3):  # fault in the object store's shared memory before timing
-        WeightPublisher().publish(sd)
-    push = [weight_push(sd, n) for n in range(1, args.max_actors + 1)]
-    for r in push:
-        r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
-    rows += push
-    write_results("ray_system", rows, {
+    rows = retrieval_throughput(RetrieverConfig(), args.retriever_cpus) if "a" in args.parts else []
+    sd, source = state_dict_135m(args.real_model) if "b" in args.parts else ({}, "-")
+    if "b" in args.parts:
+        for _ in range(3):  # fault in the object store's shared memory before timing
+            WeightPublisher().publish(sd)
+        push = [weight_push(sd, n) for n in range(1, args.max_actors + 1)]
+        for r in push:
+            r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
+        rows += push
+    if "c" in args.parts:
+        one, two = rollout_throughput(1), rollout_throughput(2)
+        two["over_1_actor"] = round(two["tokens_per_s"] / one["tokens_per_s"], 3)
+        rows += [one, two]
+    name = "ray_system" if args.parts == "abc" else f"ray_system_{args.parts}"
+    write_results(name, rows, {
         "index": "shipped sample (RetrieverConfig defaults)", "k": K, "weights": source,
         "params": int(sum(a.size for a in {id(a): a for a in sd.values()}.values())), "ray": ray.__version__, "ray_cpus": args.cpus,
         "retriever_cpus": args.retriever_cpus,
         "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # before, after
-        "goals": "serve/in-process >= 0.8 at batch >= 16; push N/1 <= 1.3; warm push <= 1 s",
+        "goals": "serve/in-process >= 0.8 at batch >= 16; push N/1 <= 1.3; warm push <= 1 s; rollouts 2/1 actors >= 1.6",
     })
     ray.shutdown()
 
