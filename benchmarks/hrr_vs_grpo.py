@@ -3,8 +3,9 @@
     python benchmarks/hrr_vs_grpo.py [--steps 2] [--group-size 2] [--max-turns 3] [--seeds 0,1,2] [--dataset pooled] [--sft-checkpoint DIR]
 
 Each (seed, w) run is ``ziprl.train`` (single process) for ``--steps`` steps on the same question order.
-Reports the mean reward per phase (first / second half of the steps) and its cross-seed standard deviation
-(the paper's stability table), plots the mean curves, and records how long it all took.
+Reports the mean reward, Q_com and format-error rate per phase (first / second half of the steps) with their
+cross-seed standard deviations (the paper's stability table), plots the mean reward and Q_com curves, and
+records how long it all took.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ziprl.config import load_config  # noqa: E402
 from ziprl.plots import plot_curves  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+METRICS = ("reward", "q_com", "format_error_rate")  # per-step means from each run's metrics.jsonl
 
 
 def cold_start_model(overrides: list[str]) -> Path:
@@ -44,7 +46,7 @@ def cold_start_model(overrides: list[str]) -> Path:
     return run_sft(cfg, demos, root)
 
 
-def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[float]:
+def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[dict]:
     from ziprl.train import train
 
     run_dir = out / f"w{w:g}_seed{seed}"
@@ -52,7 +54,7 @@ def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> lis
                                     f"run.out_dir={run_dir}", f"run.sft_checkpoint={model}", "run.checkpoint_every=1000"])
     train(cfg, progress=True)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [x["rollout/reward"] for x in lines]
+    return [{k: x[f"rollout/{k}"] for k in METRICS} for x in lines]
 
 
 def main() -> None:
@@ -72,25 +74,29 @@ def main() -> None:
     model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model([])
     t_sft = time.perf_counter() - t0
     seeds = [int(s) for s in args.seeds.split(",")]
-    curves: dict[float, list[list[float]]] = {0.0: [], 0.2: []}
+    runs: dict[float, list[list[dict]]] = {0.0: [], 0.2: []}
     for seed in seeds:
-        for w in curves:
-            curves[w].append(run_one(seed, w, model, base, Path(args.out)))
+        for w in runs:
+            runs[w].append(run_one(seed, w, model, base, Path(args.out)))
     half = max(1, args.steps // 2)
     rows = []
-    for w, runs in curves.items():
+    for w, per_w in runs.items():
         for phase, sl in (("early", slice(0, half)), ("late", slice(half, None))):
-            per_seed = [statistics.fmean(r[sl]) for r in runs if r[sl]]
-            rows.append({"w": w, "phase": phase, "mean_reward": statistics.fmean(per_seed) if per_seed else float("nan"),
-                         "cross_seed_std": statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0,
-                         "seeds": len(per_seed)})
+            row: dict = {"w": w, "phase": phase}
+            for m in METRICS:
+                per_seed = [statistics.fmean(s[m] for s in r[sl]) for r in per_w if r[sl]]
+                row[f"mean_{m}"] = statistics.fmean(per_seed) if per_seed else float("nan")
+                row[f"{m}_cross_seed_std"] = statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
+            rows.append(row | {"seeds": len(per_w)})
     total = time.perf_counter() - t0
+    curves = {m: {str(w): [[s[m] for s in r] for r in per_w] for w, per_w in runs.items()} for m in METRICS}
     meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base,
-            "stage1_seconds": t_sft, "total_seconds": total, "curves": {str(w): c for w, c in curves.items()}}
+            "stage1_seconds": t_sft, "total_seconds": total, "curves": curves}
     write_results("hrr_vs_grpo", rows, meta)
-    mean_curve = lambda runs: [(i + 1, statistics.fmean(r[i] for r in runs)) for i in range(args.steps)]  # noqa: E731
-    plot_curves({f"w={w:g}": mean_curve(runs) for w, runs in curves.items()}, RESULTS / "hrr_vs_grpo.png",
-                f"Mean reward over {len(seeds)} seeds", "reward")
+    for m, png in (("reward", "hrr_vs_grpo.png"), ("q_com", "hrr_vs_grpo_qcom.png")):
+        mean_curves = {f"w={float(w):g}": [(i + 1, statistics.fmean(c[i] for c in per_w)) for i in range(args.steps)]
+                       for w, per_w in curves[m].items()}
+        plot_curves(mean_curves, RESULTS / png, f"Mean {m} over {len(seeds)} seeds", m)
     print(f"[hrr_vs_grpo] {total / 60:.1f} min in all")
 
 

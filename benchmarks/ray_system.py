@@ -1,16 +1,18 @@
-"""Ray system benchmarks: (a) Serve vs in-process retrieval throughput, (b) weight push to N rollout actors.
+"""Ray system benchmarks: (a) Serve vs in-process retrieval, (b) weight push to N actors, (c) rollout scaling.
 
-    .venv/bin/python benchmarks/ray_system.py [--real-model] [--cpus N] [--retriever-cpus N]
+    .venv/bin/python benchmarks/ray_system.py [--parts abc] [--real-model] [--cpus N] [--retriever-cpus N]
 
 Goals: (a) Serve >= 0.8x in-process queries/s at batch >= 16 (one replica with as many CPUs as the
 in-process run has threads); (b) warm push to N actors <= 1.3x the push to 1 actor, and warm push
-<= 1 s, for a 135M-parameter float32 state dict (~540 MB).
+<= 1 s, for a 135M-parameter float32 state dict (~540 MB), applied by each actor's real HFEngine;
+(c) rollout tokens/s with 2 actors >= 1.6x one actor.
 Results go to benchmarks/results/ray_system.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -21,7 +23,7 @@ import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import RESULTS, write_results  # noqa: E402
 
 from ziprl.actors.ray_utils import init_ray  # noqa: E402
 from ziprl.actors.serve_retriever import ServeRetrieverClient, deploy_retriever  # noqa: E402
@@ -110,41 +112,57 @@ def retrieval_throughput(retriever_cfg: RetrieverConfig, cpus: float, total: int
 
 @ray.remote(num_cpus=0.25)
 class WeightSink:
-    """A stand-in rollout actor: fetches the published arrays and copies them into its own buffers."""
+    """A stand-in rollout actor: the real engine, applying pushes the way RolloutActor does."""
 
-    def __init__(self):
-        self.buf: dict[str, np.ndarray] = {}
+    def __init__(self, model_path: str):
+        import torch
+
+        from ziprl.policy import HFEngine
+
+        torch.set_num_threads(1)
+        self.engine = HFEngine(model_path, device="cpu")
+        self.ids = torch.ones(1, 16, dtype=torch.long)
 
     def ready(self) -> bool:
         return True
 
     def update_weights(self, wr: WeightRef) -> int:
-        arrays = ray.get(wr.ref)
-        if not self.buf:
-            self.buf = {k: np.empty_like(v) for k, v in arrays.items()}
-        for k, v in arrays.items():
-            np.copyto(self.buf[k], v)
+        self.engine.load_weights(ray.get(wr.ref), wr.version)
         return wr.version
 
+    def forward_s(self) -> float:
+        """Seconds of one 16-token forward pass; right after a push it includes touching the new weights."""
+        import torch
 
-def weight_push(state_dict: dict[str, np.ndarray], actors: int, repeats: int = 7) -> dict:
-    """(b) seconds from publish until every (started) actor holds a copy: first push (cold: actors
-    allocate their buffers) and the median of the rest (warm)."""
-    sinks = [WeightSink.remote() for _ in range(actors)]
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.engine.model(input_ids=self.ids)
+        return time.perf_counter() - start
+
+
+def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str, repeats: int = 7) -> dict:
+    """(b) seconds from publish until every (started) actor's engine has applied the weights: first push
+    (cold) and the median of the rest (warm); plus actor 0's first forward pass after each push against
+    its next one, so any cost moved from the push into the next generation shows."""
+    sinks = [WeightSink.remote(model_path) for _ in range(actors)]
     ray.get([s.ready.remote() for s in sinks])
     pub = WeightPublisher(sinks)
-    times, puts = [], []
+    times, puts, first, steady = [], [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
         wr = pub.publish(state_dict)
         pub.wait()
         times.append(time.perf_counter() - start)
         puts.append(wr.seconds)
+        first.append(ray.get(sinks[0].forward_s.remote()))
+        steady.append(ray.get(sinks[0].forward_s.remote()))
     for s in sinks:
         ray.kill(s)
     return {"measure": "weight_push", "actors": actors, "mb": round(wr.nbytes / 1e6, 1),
             "cold_s": round(times[0], 3), "warm_s": round(statistics.median(times[1:]), 3),
-            "put_s": round(statistics.median(puts[1:]), 3)}
+            "put_s": round(statistics.median(puts[1:]), 3),
+            "forward_after_push_s": round(statistics.median(first[1:]), 3),
+            "forward_steady_s": round(statistics.median(steady[1:]), 3)}
 
 
 def rollout_throughput(actors: int, batches: int = 3) -> dict:
@@ -192,7 +210,11 @@ def main() -> None:
     if "b" in args.parts:
         for _ in range(3):  # fault in the object store's shared memory before timing
             WeightPublisher().publish(sd)
-        push = [weight_push(sd, n) for n in range(1, args.max_actors + 1)]
+        from ziprl.config import ModelConfig
+        from ziprl.policy import resolve_model_path
+
+        model_path = str(resolve_model_path(ModelConfig()))
+        push = [weight_push(sd, n, model_path) for n in range(1, args.max_actors + 1)]
         for r in push:
             r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
         rows += push
@@ -200,14 +222,21 @@ def main() -> None:
         one, two = rollout_throughput(1), rollout_throughput(2)
         two["over_1_actor"] = round(two["tokens_per_s"] / one["tokens_per_s"], 3)
         rows += [one, two]
-    name = "ray_system" if args.parts == "abc" else f"ray_system_{args.parts}"
-    write_results(name, rows, {
-        "index": "shipped sample (RetrieverConfig defaults)", "k": K, "weights": source,
-        "params": int(sum(a.size for a in {id(a): a for a in sd.values()}.values())), "ray": ray.__version__, "ray_cpus": args.cpus,
-        "retriever_cpus": args.retriever_cpus,
-        "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # before, after
-        "goals": "serve/in-process >= 0.8 at batch >= 16; push N/1 <= 1.3; warm push <= 1 s; rollouts 2/1 actors >= 1.6",
-    })
+    meta = {"parts": args.parts, "ray": ray.__version__, "ray_cpus": args.cpus,
+            "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # before, after
+            "goals": "serve/in-process >= 0.8 at batch >= 16; push N/1 <= 1.3; warm push <= 1 s; "
+                     "rollouts 2/1 actors >= 1.6"}
+    if "a" in args.parts:
+        meta |= {"index": "shipped sample (RetrieverConfig defaults)", "k": K, "retriever_cpus": args.retriever_cpus}
+    if "b" in args.parts:
+        meta |= {"weights": source, "params": int(sum(a.size for a in {id(a): a for a in sd.values()}.values()))}
+    previous = RESULTS / "ray_system.json"  # a partial run replaces only the parts it measured
+    if args.parts != "abc" and previous.is_file():
+        old = json.loads(previous.read_text())
+        measured = {r["measure"] for r in rows}
+        rows = [r for r in old["rows"] if r["measure"] not in measured] + rows
+        meta = old["meta"] | meta
+    write_results("ray_system", rows, meta)
     ray.shutdown()
 
 

@@ -144,6 +144,29 @@ def test_load_weights_changes_outputs_and_rejects_bad_input(engine, prompts):
         engine.load_weights(original, version=0)
 
 
+def test_load_weights_uses_same_dtype_cpu_arrays_in_place(engine, prompts):
+    sampling = SamplingConfig(greedy=True, max_new_tokens=4, stop=[])
+    original = {k: v.detach().numpy().copy() for k, v in engine.model.state_dict().items()}
+    base = engine.generate(prompts[:1], sampling)[0].token_ids
+    try:
+        shared = {k: v.copy() for k, v in original.items()}
+        for v in shared.values():
+            v.flags.writeable = False  # as ray.get returns object-store arrays
+        engine.load_weights(shared, version=3)
+        norm = engine.model.model.norm.weight
+        assert norm.data_ptr() == shared["model.norm.weight"].ctypes.data  # aliased, not copied
+        assert engine.generate(prompts[:1], sampling)[0].token_ids == base
+        widened = {k: v.astype(np.float64) for k, v in original.items()}
+        widened["model.norm.weight"] = -widened["model.norm.weight"]
+        engine.load_weights(widened, version=4)  # another dtype: cast into fresh memory
+        assert engine.model.model.norm.weight.dtype == torch.float32
+        assert torch.equal(engine.model.model.norm.weight, torch.from_numpy(-original["model.norm.weight"]))
+        np.testing.assert_array_equal(shared["model.norm.weight"], original["model.norm.weight"])  # untouched
+        assert engine.generate(prompts[:1], sampling)[0].token_ids != base
+    finally:
+        engine.load_weights(original, version=0)
+
+
 def test_make_engine_builds_hf_engine(engine):
     built = make_engine(ModelConfig(device="cpu"))
     assert isinstance(built, HFEngine) and built.device.type == "cpu"

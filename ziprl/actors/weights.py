@@ -3,7 +3,9 @@
 Object-store path (this module; CPU and small clusters): the learner turns its state dict into
 plain numpy arrays, ``ray.put``s them ONCE per version and sends every subscriber the same
 :class:`WeightRef`. A subscriber calls ``ray.get(weight_ref.ref)``: actors on the learner's node
-read the arrays zero-copy from shared memory, other nodes pull one copy per node. numpy, not torch
+read the arrays zero-copy from shared memory, other nodes pull one copy per node, and a CPU
+``HFEngine`` uses those arrays as its parameters without copying them (all actors of a node share
+one copy of each version). numpy, not torch
 tensors: torch tensors through the object store measured ~4x slower here (they are pickled, numpy
 arrays are stored as raw buffers). bfloat16 (which numpy lacks) is widened to float32 — lossless,
 so a bf16 model reloads bit-exactly (``load_state_dict`` casts back), at twice the bytes.

@@ -149,8 +149,12 @@ class HFEngine(GenerationEngine):
         return any(s in text for s in stops)
 
     def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
-        """Copy new weights in place (cast to the model's dtype/device); all checked before any is written.
+        """Install new weights; all are checked before any is written.
 
+        A contiguous CPU array of the parameter's own dtype is used in place, not copied: arrays that
+        ``ray.get`` returns are views of the node's shared object store, so N rollout actors on a node
+        share one copy and a push costs no memory traffic. The caller must not modify such arrays later.
+        Anything else (another dtype, a GPU model) is cast into fresh memory.
         Names are HF state-dict names; tied weights (e.g. ``lm_head.weight`` / ``model.embed_tokens.weight``)
         may come under either name or both. Unknown names, shape mismatches and parameters left without a
         new value raise.
@@ -174,5 +178,7 @@ class HFEngine(GenerationEngine):
             raise KeyError(f"load_weights: no new value for {len(missing)} parameter(s), e.g. {missing[:3]}")
         with torch.no_grad():
             for name, value in new.items():
-                targets[name].copy_(value)
+                target = targets[name]
+                # Rebind, never write in place: the old storage may be a read-only object-store array.
+                target.data = value.to(device=target.device, dtype=target.dtype).contiguous()
         self.version = version
