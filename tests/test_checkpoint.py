@@ -9,13 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_trainer import (  # noqa: F401  (fixtures)
-    default_model_dir,
-    make_cfg,
-    make_trajectories,
-    requires_deepspeed,
-    tiny_model_dir,
-)
+from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
 from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ziprl.learner.trainer import Trainer
 
@@ -23,7 +17,7 @@ pytestmark = [pytest.mark.slow, requires_deepspeed]
 
 
 @pytest.fixture(scope="module")
-def batches(tiny_model_dir):  # noqa: F811
+def batches(tiny_model_dir):
     return [make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2, seed=s) for s in range(3)]
 
 
@@ -32,7 +26,7 @@ def rng_draws() -> tuple:
 
 
 @pytest.mark.parametrize(("save_stage", "load_stage"), [(0, 0), (2, 2), (3, 3), (2, 0)])
-def test_resume_is_exact(save_stage, load_stage, tiny_model_dir, batches, tmp_path):  # noqa: F811
+def test_resume_is_exact(save_stage, load_stage, tiny_model_dir, batches, tmp_path):
     def trainer(stage: int) -> Trainer:
         return Trainer(make_cfg(zero_stage=stage, lr=1e-3, warmup_steps=3, beta=0.001, micro_batch_turns=3),
                        tiny_model_dir)
@@ -59,7 +53,7 @@ def test_resume_is_exact(save_stage, load_stage, tiny_model_dir, batches, tmp_pa
     assert path == tmp_path / "checkpoints" / "step_2" and latest_checkpoint(tmp_path) == path
 
 
-def test_layout_latest_pointer_and_retention(tiny_model_dir, batches, tmp_path):  # noqa: F811
+def test_layout_latest_pointer_and_retention(tiny_model_dir, batches, tmp_path):
     assert latest_checkpoint(tmp_path) is None
     run = Trainer(make_cfg(beta=0.0), tiny_model_dir)
     for step in range(3):

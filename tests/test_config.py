@@ -21,10 +21,20 @@ def test_defaults_validate_and_overrides_coerce():
     ("env.nope=1", "no field"),
     ("env.top_k", "section.field=value"),
     ("learner.zero_stage=4", "zero_stage"),
+    ("ray.learner_ranks=0", "learner_ranks"),
+    ("model.gpu_memory_utilization=1.5", r"gpu_memory_utilization must be in \(0, 1\]"),
 ])
 def test_bad_overrides_fail_with_the_field_named(override, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(None, [override])
+
+
+def test_vllm_memory_fraction_must_fit_the_gpu_share():
+    share = ["model.engine=vllm", "ray.rollout_gpus=0.125"]
+    with pytest.raises(ConfigError, match="claim more memory than it has"):
+        load_config(None, share)
+    assert load_config(None, [*share, "model.gpu_memory_utilization=0.11"]).model.gpu_memory_utilization == 0.11
+    load_config(None, ["ray.rollout_gpus=0.125"])  # the HF engine takes no memory fraction
 
 
 def test_yaml_files(tmp_path):

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.test_trainer import default_model_dir, requires_deepspeed, tiny_model_dir  # noqa: F401  (fixtures)
+from tests.test_trainer import requires_deepspeed
 from ziprl.config import ModelConfig, ZipRLConfig
 from ziprl.learner.batch import make_micro_batches, response_logprobs
 from ziprl.learner.sft import (
@@ -118,7 +118,7 @@ def mean_nll(model_dir: Path, rows: list[SFTRow]) -> float:
 
 @pytest.mark.slow
 @requires_deepspeed
-def test_run_sft_raises_the_demos_likelihood(tmp_path, tokenizer, tiny_model_dir):  # noqa: F811
+def test_run_sft_raises_the_demos_likelihood(tmp_path, tokenizer, tiny_model_dir):
     cfg = ZipRLConfig()
     cfg.model.path = str(tiny_model_dir)
     cfg.sft.epochs, cfg.sft.micro_batch, cfg.sft.lr = 3, 2, 1e-3

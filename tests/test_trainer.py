@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from ziprl.config import ConfigError, ModelConfig, ZipRLConfig
+from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
 from ziprl.learner.losses import policy_loss
 from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
 from ziprl.learner.trainer import Trainer
-from ziprl.policy.models import load_model, load_tokenizer, resolve_model_path
+from ziprl.policy.models import load_model, load_tokenizer
 
 requires_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                         reason="the trainer needs DeepSpeed: pip install 'ziprl[deepspeed]'")
@@ -35,27 +35,6 @@ def make_cfg(**learner) -> ZipRLConfig:
     for key, value in learner.items():
         setattr(cfg.learner, key, value)
     return cfg
-
-
-@pytest.fixture(scope="session")
-def default_model_dir() -> Path:
-    return resolve_model_path(ModelConfig())
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
-    """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer (real token ids, fast steps)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = load_tokenizer(default_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @torch.no_grad()

@@ -146,8 +146,9 @@ class RayConfig:
     address: str | None = None  # None = start a local cluster; "auto" = join
     num_rollout_actors: int = 2
     rollout_actor_cpus: float = 0.5
-    learner_cpus: float = 1.0
-    learner_gpus: float = 0.0
+    learner_ranks: int = 1  # DeepSpeed data-parallel ranks of the learner (one actor each; ZeRO shards over them)
+    learner_cpus: float = 1.0  # per rank
+    learner_gpus: float = 0.0  # per rank
     rollout_gpus: float = 0.0
     retriever_replicas: int = 1
     retriever_cpus: float = 0.5
@@ -203,6 +204,13 @@ class ZipRLConfig:
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
+            (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
+            (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),
+            (self.model.engine != "vllm" or not 0 < self.ray.rollout_gpus < 1
+             or self.model.gpu_memory_utilization <= self.ray.rollout_gpus,
+             f"model.gpu_memory_utilization={self.model.gpu_memory_utilization} is more than each rollout actor's "
+             f"GPU share ray.rollout_gpus={self.ray.rollout_gpus}: the vLLM engines sharing a GPU would claim more "
+             "memory than it has; set model.gpu_memory_utilization <= ray.rollout_gpus"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -34,9 +34,10 @@ def stage1_dir(cfg: ZipRLConfig) -> Path:
 
 
 def run_stage1(cfg: ZipRLConfig) -> Path:
-    """Demo synthesis + SFT (as a Ray task), cached; returns the SFT model directory."""
+    """Demo synthesis + SFT (on the learner ranks), cached; returns the SFT model directory."""
     import ray
 
+    from ziprl.actors.learner_actor import LearnerGroup
     from ziprl.demos import build_demos
 
     root = stage1_dir(cfg)
@@ -49,20 +50,14 @@ def run_stage1(cfg: ZipRLConfig) -> Path:
     path, counts = build_demos(cfg1)
     print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
           f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
-    task = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus, max_calls=1)(_sft_task)
-    return Path(ray.get(task.remote(cfg1, str(path), str(root))))
-
-
-def _sft_task(cfg: ZipRLConfig, demos: str, out: str) -> Path:
-    """Stage 1 SFT inside a Ray worker: its own 1-rank world and CPU threads, then the worker exits."""
-    import torch
-
-    from ziprl.learner.distributed import own_single_process_env
-    from ziprl.learner.sft import run_sft
-
-    own_single_process_env()
-    torch.set_num_threads(max(1, int(cfg.ray.learner_cpus)))
-    return run_sft(cfg, demos, out)
+    cpus = cfg.ray.learner_cpus
+    if cfg.ray.address is None:  # a local cluster runs nothing else during Stage 1: give SFT every core
+        cpus = max(cpus, ray.cluster_resources().get("CPU", 1.0) / cfg.ray.learner_ranks)
+    group = LearnerGroup(cfg1, cfg.ray.learner_ranks, cpus, cfg.ray.learner_gpus)
+    try:
+        return Path(group.call("sft", str(path), str(root)))
+    finally:
+        group.shutdown()
 
 
 def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
@@ -70,7 +65,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     import ray
     from ray import serve
 
-    from ziprl.actors.driver import Driver
+    from ziprl.actors.driver import Driver, check_gpus
     from ziprl.actors.ray_utils import init_ray
     from ziprl.env.datasets import load_dataset
     from ziprl.tb import MetricsLogger
@@ -83,6 +78,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     logger = MetricsLogger(out)
     driver = None
     try:
+        check_gpus(cfg)
         model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
         print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
         driver = Driver(cfg, model, examples, logger, progress)
@@ -124,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         launch(cfg)
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # found once Ray is up: GPUs or learner ranks the cluster cannot place
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -8,6 +8,7 @@ Ray; its in-flight batch is discarded whole (never half-counted) and its questio
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict, deque
 from pathlib import Path
@@ -17,11 +18,11 @@ import ray
 from ray.exceptions import RayActorError
 from tqdm import tqdm
 
-from ziprl.actors.learner_actor import LearnerActor
+from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weights import WeightRef, is_fresh
-from ziprl.config import ZipRLConfig
+from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, from_table, save_trajectories, to_table
 from ziprl.env.types import QAExample
@@ -36,8 +37,26 @@ def rollout_cpus(cfg: ZipRLConfig) -> float:
     if cfg.ray.address is not None:
         return want
     total = ray.cluster_resources().get("CPU", 1.0)
-    left = total - cfg.ray.learner_cpus - cfg.ray.retriever_cpus * cfg.ray.retriever_replicas
+    left = total - cfg.ray.learner_ranks * cfg.ray.learner_cpus - cfg.ray.retriever_cpus * cfg.ray.retriever_replicas
     return max(0.01, min(want, left / cfg.ray.num_rollout_actors))
+
+
+def check_gpus(cfg: ZipRLConfig) -> None:
+    """Before any work: the GPUs the learner ranks and rollout actors ask for must be in the cluster.
+
+    A local cluster cannot grow: ConfigError. A joined one may still scale up: a warning.
+    """
+    r = cfg.ray
+    want = r.learner_ranks * r.learner_gpus + r.num_rollout_actors * r.rollout_gpus
+    have = ray.cluster_resources().get("GPU", 0.0)
+    if want <= have + 1e-9:
+        return
+    msg = (f"the run asks for {want:g} GPUs ({r.learner_ranks} learner ranks x {r.learner_gpus:g} + "
+           f"{r.num_rollout_actors} rollout actors x {r.rollout_gpus:g}) and the cluster has {have:g}; lower "
+           "ray.num_rollout_actors, ray.rollout_gpus, ray.learner_ranks or ray.learner_gpus")
+    if r.address is None:
+        raise ConfigError(msg)
+    print(f"[launch] warning: {msg}; until the autoscaler adds GPUs the actors wait", file=sys.stderr, flush=True)
 
 
 def _groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
@@ -56,6 +75,8 @@ class Driver:
         self.cfg, self.logger, self.progress = cfg, logger, progress
         self.out = Path(cfg.run.out_dir)
         self.stream = QuestionStream(examples, cfg.data.seed)
+        self.learner = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+        self.learner.call("build_trainer", str(model_path))
         self.retriever = deploy_retriever(retriever_config_for(cfg), cfg.ray)
         cpus = rollout_cpus(cfg)
         self.actors = [
@@ -63,8 +84,6 @@ class Driver:
             .remote(cfg.to_dict(), str(model_path), self.retriever, i, max(1, int(cpus)))
             for i in range(cfg.ray.num_rollout_actors)
         ]
-        self.learner = LearnerActor.options(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus).remote(
-            cfg.to_dict(), str(model_path), max(1, int(cfg.ray.learner_cpus)))
         self.wref: WeightRef | None = None
         self.inflight: dict[ray.ObjectRef, tuple[int, list[QAExample]]] = {}
         self.retry: deque[list[QAExample]] = deque()
@@ -73,14 +92,16 @@ class Driver:
         self.dispatched = 0
         self.counters = {"stale_dropped": 0, "rollout_failures": 0, "groups_trained": 0}
         self._gen = {"tokens": 0, "seconds": 0.0}
+        self.bar = tqdm(total=cfg.learner.steps, desc="train", unit="step", disable=not progress)
+        self.postfix: dict[str, str] = {}
 
     def resume(self) -> int:
-        pos = ray.get(self.learner.load_latest.remote(str(self.out)))
+        pos = self.learner.call("load_latest", str(self.out))
         if pos is not None:
             self.stream.restore(pos)
-        version = ray.get(self.learner.version.remote())
+        version = self.learner.call("version")
         if version:
-            self.wref = ray.get(self.learner.publish.remote())
+            self.wref = self.learner.call("publish")
         return version
 
     def _dispatch(self, i: int) -> None:
@@ -103,6 +124,7 @@ class Driver:
         self._gen["tokens"] += stats["tokens"]
         self._gen["seconds"] += stats["gen_seconds"]
         self.queue.extend(_groups(from_table(table)))
+        self._note(rollouts=f"{self._gen['tokens']} tok", queue=str(len(self.queue)))
         if len(self.queue) < self.cfg.ray.queue_size:
             self._dispatch(i)
         else:
@@ -128,14 +150,14 @@ class Driver:
         for i in range(len(self.actors)):
             self._dispatch(i)
         metrics: dict[str, float] = {}
-        bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not self.progress)
+        self.bar.update(version)
         t_step = time.perf_counter()
         while version < cfg.learner.steps:
             self._collect()
             while version < cfg.learner.steps and (groups := self._take_batch(version)) is not None:
                 trajs = [t for g in groups for t in g]
-                learn = ray.get(self.learner.train_step.remote([to_table(trajs)]))
-                self.wref = ray.get(self.learner.publish.remote())
+                learn = self.learner.call("train_step", ray.put([to_table(trajs)]))  # one copy for all ranks
+                self.wref = self.learner.call("publish")
                 t_push = time.perf_counter()
                 for a in self.actors:
                     a.update_weights.remote(self.wref)  # applied between their generation batches
@@ -145,14 +167,19 @@ class Driver:
                 metrics = self._metrics(trajs, learn, version, time.perf_counter() - t_push, t_step)
                 self.logger.log(version, metrics)
                 if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
-                    ray.get(self.learner.save_checkpoint.remote(str(self.out), self.stream.position))
+                    self.learner.call("save_checkpoint", str(self.out), self.stream.position)
                 t_step = time.perf_counter()
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}")
+                self.bar.update(1)
+                self._note(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}")
                 while self.idle and len(self.queue) < cfg.ray.queue_size:
                     self._dispatch(self.idle.pop())
-        bar.close()
+        self.bar.close()
         return metrics
+
+    def _note(self, **fields: str) -> None:
+        """Update the progress bar's postfix: rollout tokens since the last step, queue depth, last reward."""
+        self.postfix.update(fields)
+        self.bar.set_postfix(self.postfix)
 
     def _metrics(self, trajs: list[Trajectory], learn: dict[str, float], version: int, push_dispatch: float,
                  t_step: float) -> dict[str, float]:
@@ -167,4 +194,4 @@ class Driver:
                 **{f"system/{k}": float(v) for k, v in self.counters.items()}}
 
     def checkpoint(self) -> str:
-        return ray.get(self.learner.save_checkpoint.remote(str(self.out), self.stream.position))
+        return self.learner.call("save_checkpoint", str(self.out), self.stream.position)

@@ -1,46 +1,96 @@
-"""LearnerActor: the DeepSpeed trainer; consumes trajectories, updates, publishes weights."""
+"""The learner on Ray: ``ray.learner_ranks`` DeepSpeed ranks, one actor each, forming one data-parallel group.
+
+Every rank is handed the same trajectories (one object-store copy) and trains on its share of the turns
+(:class:`~ziprl.learner.trainer.Trainer` splits the rows by rank; ZeRO partitions parameters, gradients and
+optimizer state over the ranks), so a model too large for one GPU trains on several. Calls go to every rank
+at once, since the collectives (gradient reduction, ZeRO-3 gathers, checkpoint writes) need all of them; rank 0
+answers for the group: its statistics are already all-reduced, it puts the weights into the object store and
+writes the checkpoints. The ranks are gang-scheduled in a placement group (packed onto as few nodes as
+possible) and rendezvous at rank 0: on 127.0.0.1 when every rank shares its node, else at its node IP.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
 import pyarrow as pa
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ziprl.actors.weights import WeightRef
-from ziprl.config import ZipRLConfig, _from_dict
+from ziprl.config import ConfigError, ZipRLConfig, _from_dict
 from ziprl.env.trajectory import from_table
+
+PLACEMENT_TIMEOUT_S = 300
 
 
 class LearnerWorker:
-    """Plain-Python body of the learner actor."""
+    """One learner rank (a plain Python body; :data:`LearnerActor` is its Ray actor)."""
 
-    def __init__(self, cfg: dict[str, Any], model_path: str, num_threads: int = 1):
+    def __init__(self, cfg: dict[str, Any], num_threads: int = 1):
         import torch
 
-        from ziprl.learner.distributed import own_single_process_env
+        torch.set_num_threads(max(1, num_threads))
+        self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
+        self.trainer = None
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def free_port(self, loopback: bool) -> int:
+        """A TCP port free on this node (on 127.0.0.1 only, when every rank is on this node)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1" if loopback else "", 0))
+            return s.getsockname()[1]
+
+    def join(self, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+        """Set the torch.distributed rendezvous of this rank; the group forms when a Trainer is built.
+
+        Ray gives each actor its own GPU as device 0 (CUDA_VISIBLE_DEVICES), so LOCAL_RANK is 0.
+        """
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+
+    def build_trainer(self, model_path: str) -> int:
+        """The RL trainer over ``model_path``; returns its policy version (0)."""
         from ziprl.learner.trainer import Trainer
 
-        torch.set_num_threads(max(1, num_threads))
-        own_single_process_env()
-        self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
         self.trainer = Trainer(self.cfg, model_path)
+        return self.trainer.policy_version
+
+    def sft(self, demos: str, out_dir: str) -> str:
+        """Stage 1: cold-start SFT on the demo file; returns the written model directory."""
+        from ziprl.learner.sft import run_sft
+
+        return str(run_sft(self.cfg, demos, out_dir))
 
     def version(self) -> int:
         return self.trainer.policy_version
 
     def train_step(self, tables: list[pa.Table]) -> dict[str, float]:
         """One optimiser step of GRPO + HRR over the given groups of trajectories."""
-        trajs = [t for table in tables for t in from_table(table)]
-        return self.trainer.train_step(trajs)
+        return self.trainer.train_step([t for table in tables for t in from_table(table)])
 
-    def publish(self) -> WeightRef:
-        """Put the current weights into the object store once (numpy arrays); every actor gets this ref."""
+    def publish(self) -> WeightRef | None:
+        """Rank 0 puts the current weights into the object store once (numpy arrays); others return None.
+
+        Under ZeRO-3 every rank takes part in gathering the parameters; otherwise rank 0 holds them whole.
+        """
+        from ziprl.learner.distributed import rank
+
+        if rank() != 0 and self.trainer.zero_stage != 3:
+            return None
         t0 = time.perf_counter()
         arrays = self.trainer.named_weights_numpy()
+        if rank() != 0:
+            return None
         ref = ray.put(arrays)
-        return WeightRef(self.trainer.policy_version, ref, time.perf_counter() - t0, sum(a.nbytes for a in arrays.values()))
+        return WeightRef(self.trainer.policy_version, ref, time.perf_counter() - t0,
+                         sum(a.nbytes for a in arrays.values()))
 
     def save_checkpoint(self, out_dir: str, data_position: dict[str, Any]) -> str:
         from ziprl.learner.checkpoint import save_checkpoint
@@ -56,3 +106,46 @@ class LearnerWorker:
 
 
 LearnerActor = ray.remote(LearnerWorker)
+
+
+class LearnerGroup:
+    """``ranks`` learner actors with ``cpus``/``gpus`` each, joined into one process group.
+
+    Fails with a ConfigError, before any model loads, when the cluster cannot place them within
+    ``timeout_s`` seconds.
+    """
+
+    def __init__(self, cfg: ZipRLConfig, ranks: int, cpus: float, gpus: float, timeout_s: float = PLACEMENT_TIMEOUT_S):
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        self.pg = placement_group([bundle] * ranks, strategy="PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(self.pg)
+            raise ConfigError(
+                f"cannot place {ranks} learner rank(s) with {bundle} each on this cluster "
+                f"(resources {ray.cluster_resources()}) within {timeout_s:g}s; lower ray.learner_ranks, "
+                "ray.learner_cpus or ray.learner_gpus"
+            )
+        self.actors = [
+            LearnerActor.options(
+                num_cpus=cpus, num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(cfg.to_dict(), max(1, int(cpus)))
+            for i in range(ranks)
+        ]
+        ips = ray.get([a.node_ip.remote() for a in self.actors])
+        loopback = len(set(ips)) == 1
+        port = ray.get(self.actors[0].free_port.remote(loopback))
+        addr = "127.0.0.1" if loopback else ips[0]
+        ray.get([a.join.remote(r, ranks, addr, port) for r, a in enumerate(self.actors)])
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Run ``method(*args)`` on every rank at once; returns rank 0's result."""
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return ray.get(refs)[0]
+
+    def shutdown(self) -> None:
+        """Kill the ranks and free their resources."""
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.pg)

@@ -1,8 +1,9 @@
 """DeepSpeed bootstrap: the rendezvous environment, the accelerator, and a persistent build cache.
 
-A single process (a test, the SFT command, the learner actor) needs no launcher: the torch.distributed
-variables default to a one-rank group on ``127.0.0.1`` and a free port; under ``deepspeed``/``torchrun``
-the launcher's RANK/WORLD_SIZE/... are kept. The backend is gloo on CPU and nccl on GPU.
+A single process (a test, the SFT command) needs no launcher: the torch.distributed variables default to a
+one-rank group on ``127.0.0.1`` and a free port; set ones are kept (``deepspeed``/``torchrun`` launchers,
+and the Ray learner ranks, which ``ziprl.actors.learner_actor`` points at rank 0). The backend is gloo on
+CPU and nccl on GPU.
 
 Build cache: on the CPU accelerator ``deepspeed.init_distributed`` JIT-compiles one C++ op
 (``deepspeed_shm_comm``, ~100 s on two cores) with torch's cpp_extension. It is compiled once into
@@ -39,14 +40,6 @@ def ensure_dist_env() -> None:
         os.environ["MASTER_PORT"] = str(free_port())
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
-
-
-def own_single_process_env() -> None:
-    """Make this process a 1-rank world of its own on a fresh port (Ray workers inherit their driver's env)."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        os.environ.pop(key, None)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    ensure_dist_env()
 
 
 def extensions_dir(model_cfg: ModelConfig | None = None) -> Path:

@@ -1,0 +1,67 @@
+"""The learner on Ray: two DeepSpeed ranks in two actors (ZeRO-3, gloo) take the step of one in-process rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
+from ziprl.actors.driver import check_gpus
+from ziprl.actors.learner_actor import LearnerGroup
+from ziprl.config import ConfigError, load_config
+from ziprl.env.trajectory import to_table
+from ziprl.learner.trainer import Trainer
+
+pytestmark = [pytest.mark.slow, requires_deepspeed]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_ranks_on_ray_take_the_one_rank_step(cluster, tiny_model_dir, tmp_path):
+    trajs = make_trajectories(tiny_model_dir, groups=2, group_size=3, max_turns=2, logprob_noise=0.3)
+    settings = {"micro_batch_turns": 2, "lr": 1e-3, "beta": 0.001}
+    group = LearnerGroup(make_cfg(zero_stage=3, **settings), ranks=2, cpus=0.5, gpus=0)
+    try:
+        assert group.call("build_trainer", str(tiny_model_dir)) == 0
+        stats = group.call("train_step", ray.put([to_table(trajs)]))
+        wref = group.call("publish")  # ZeRO-3: both ranks gather, rank 0 puts
+        published = ray.get(wref.ref)
+        ckpt = Path(group.call("save_checkpoint", str(tmp_path), {"index": 7}))
+    finally:
+        group.shutdown()
+
+    single = Trainer(make_cfg(zero_stage=0, **settings), tiny_model_dir)
+    ref = single.train_step(trajs)
+    for key in ("loss", "kl", "clip_frac", "tokens"):
+        assert stats[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-9), key
+    assert stats["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)  # ZeRO-3's norm sums partitions
+    assert wref.version == 1 and stats["turns"] == ref["turns"]
+    weights = single.named_weights_numpy()
+    assert set(published) == set(weights)
+    for name, value in weights.items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6, err_msg=name)
+    assert ckpt.name == "step_1" and (ckpt / "model.safetensors").is_file()
+    assert (ckpt.parent / "latest").read_text().strip() == "step_1"
+
+
+def test_a_group_the_cluster_cannot_place_fails_before_any_work(cluster):
+    with pytest.raises(ConfigError, match="cannot place 3 learner rank"):
+        LearnerGroup(make_cfg(), ranks=3, cpus=1.0, gpus=0, timeout_s=2)
+
+
+def test_asking_for_gpus_a_local_cluster_lacks_fails_before_any_work(cluster, capsys):
+    cfg = load_config(None, ["ray.num_rollout_actors=4", "ray.rollout_gpus=0.5"])
+    with pytest.raises(ConfigError, match=r"asks for 2 GPUs .* the cluster has 0"):
+        check_gpus(cfg)
+    cfg.ray.address = "auto"  # a joined cluster may still scale up: only a warning
+    check_gpus(cfg)
+    assert "until the autoscaler adds GPUs" in capsys.readouterr().err
+    check_gpus(load_config(None, []))  # the CPU defaults ask for none
