@@ -55,3 +55,20 @@ def test_cli_writes_a_file_sft_reads(tmp_path, capsys):
 def test_cli_rejects_bad_config(capsys):
     assert main(["--set", "env.strategy=magic"]) == 2
     assert "env.strategy" in capsys.readouterr().err
+
+
+def test_limit_is_per_dataset_among_playable_questions(tmp_path, word_retriever):
+    from ziprl.config import load_config
+    from ziprl.demos import build_demos
+    from ziprl.env.datasets import write_qa_jsonl
+
+    a = write_qa_jsonl([QAExample("a0", "Who?", ["x"]),  # no supporting titles: the teacher cannot play it
+                        QAExample("a1", "Where is Paris?", ["France"], ["Paris"]),
+                        QAExample("a2", "Who is Ed Wood?", ["a filmmaker"], ["Ed Wood"])], tmp_path / "a" / "qa.jsonl")
+    b = write_qa_jsonl([QAExample("b0", "Who is Scott Derrickson?", ["a director"], ["Scott Derrickson"])],
+                       tmp_path / "b" / "qa.jsonl")
+    cfg = load_config(None, [f"demos.datasets={a},{b}", "demos.limit=1", f"demos.out={tmp_path / 'd.parquet'}"])
+    path, counts = build_demos(cfg, retriever=word_retriever, progress=False)
+    assert counts["episodes"] == 2 and counts["kept"] == 2 and counts["no_supporting_titles"] == 0
+    assert {d["messages"][1]["content"].splitlines()[0] for d in read_demos(path)} == {
+        "Question: Where is Paris?", "Question: Who is Scott Derrickson?"}

@@ -186,3 +186,26 @@ def test_http_route_on_loopback_with_limits(client, port, passages):
     assert missing.status_code == 404 and "no-such-doc" in missing.json()["error"]
     opened = requests.post(f"{base}/open", json={"doc_id": passages[0].doc_id}, timeout=30)
     assert opened.json()["passage"]["text"] == passages[0].text
+
+
+def _replicas() -> set[str]:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::test_retriever#")}
+
+
+def test_a_dead_replica_is_replaced_and_search_goes_on(client, local, passages):
+    """Serve replaces a replica that dies or fails ``check_health``; callers then reach the new one."""
+    import time
+
+    (old,) = _replicas()
+    ray.kill(ray.get_actor(old, namespace="serve"), no_restart=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        new = _replicas() - {old}
+        app = serve.status().applications["test_retriever"]
+        if new and all(d.status == "HEALTHY" for d in app.deployments.values()):
+            break
+        time.sleep(0.5)
+    assert new, "Serve started no new replica within 120 s"
+    queries = _queries(passages, 4)
+    _same(client.search(queries, 3), local.search(queries, 3))

@@ -137,7 +137,7 @@ class DemoConfig:
     """Scripted-teacher demonstrations for the cold start."""
 
     datasets: list[str] = field(default_factory=lambda: ["sample"])  # paper-style: hotpotqa, musique
-    limit: int = 6  # questions (0 = all)
+    limit: int = 6  # questions per dataset, among those with supporting titles (0 = every question)
     out: str = "runs/demos.parquet"
 
 

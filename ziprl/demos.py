@@ -1,6 +1,6 @@
 """Cold-start demonstrations: the scripted teacher plays episodes through the real retriever.
 
-    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 200] [--out runs/demos.parquet]
+    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 100] [--out runs/demos.parquet]
                           [--config FILE.yaml] [--set section.field=value ...]
 
 The teacher searches each supporting title, opens the matching passage, writes an extractive note at a
@@ -79,9 +79,10 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
 
     examples: list[QAExample] = []
     for name in cfg.demos.datasets:
-        examples += load_dataset(name, cfg.data.shared_dir)
-    if cfg.demos.limit:
-        examples = examples[: cfg.demos.limit]
+        found = load_dataset(name, cfg.data.shared_dir)
+        if cfg.demos.limit:  # the first `limit` questions of each dataset that the teacher can play
+            found = [ex for ex in found if ex.supporting_titles][: cfg.demos.limit]
+        examples += found
     if retriever is None:
         first = cfg.demos.datasets[0]
         data_cfg = ZipRLConfig(retriever=cfg.retriever, data=type(cfg.data)(dataset=first, shared_dir=cfg.data.shared_dir))
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config")
     ap.add_argument("--datasets", help="comma-separated dataset names (sample, hotpotqa, musique, pooled, a path)")
-    ap.add_argument("--limit", type=int)
+    ap.add_argument("--limit", type=int, help="questions per dataset (0 = all)")
     ap.add_argument("--out")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
