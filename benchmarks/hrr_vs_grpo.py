@@ -1,14 +1,19 @@
 """HRR (w = 0.2) vs plain GRPO (w = 0) from a cold-started default model: reward curves over seeds.
 
     python benchmarks/hrr_vs_grpo.py [--steps 6] [--group-size 4] [--max-turns 5] [--seeds 0,1,2]
-                                     [--dataset pooled] [--demo-limit 20] [--sft-checkpoint DIR]
+                                     [--dataset pooled] [--demo-limit 20] [--sft-checkpoint DIR] [--report-only]
 
 Stage 1 (cached like ``python -m ziprl.launch``'s): scripted-teacher demos for ``--demo-limit`` questions of
 each of HotpotQA and MuSiQue, SFT on them. Then each (seed, w) run is ``ziprl.train`` (single process) for
-``--steps`` steps on the same question order, with the same env settings the demos were written under.
-Reports the mean reward, Q_com and format-error rate per phase (first / second half of the steps) with their
-cross-seed standard deviations (the paper's stability table), plots the mean reward and Q_com curves, and
-records how long it all took.
+``--steps`` steps, with the same env settings the demos were written under. The two runs of a seed see the
+same questions in the same order with the same sampling seeds, so step 1 is identical and later steps differ
+only by the updates: the report pairs them.
+
+Reports, per phase (first / second half of the steps), the mean reward, Q_com, format-error rate and
+zero-variance-group fraction with their cross-seed standard deviations (the paper's stability table), the
+paired differences (w = 0.2 minus w = 0, steps 2..N), plots the mean reward and Q_com curves, and records how
+long it all took. A finished (seed, w) run under ``--out`` is read, not redone; ``--report-only`` rebuilds the
+report from the runs and the timing of the last results file.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from ziprl.config import load_config  # noqa: E402
 from ziprl.plots import plot_curves  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("reward", "q_com", "format_error_rate")  # per-step means from each run's metrics.jsonl
+# per-step values read from each run's metrics.jsonl
+METRICS = {"reward": "rollout/reward", "q_com": "rollout/q_com", "format_error_rate": "rollout/format_error_rate",
+           "zero_variance_frac": "learner/zero_variance_frac"}
+WEIGHTS = (0.0, 0.2)
 
 
 def cold_start_model(overrides: list[str]) -> Path:
@@ -51,20 +59,63 @@ def cold_start_model(overrides: list[str]) -> Path:
     return run_sft(cfg, demos, root)
 
 
+def read_run(run_dir: Path, steps: int) -> list[dict] | None:
+    """The per-step metrics of a finished run, or None if it has not finished."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    keys = METRICS | {"step_seconds": "perf/step_seconds"}
+    return [{k: x[key] for k, key in keys.items()} for x in lines] if len(lines) == steps else None
+
+
 def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[dict]:
-    """Per-step rollout metrics of one (seed, w) run; a run finished earlier (same --out) is read, not redone."""
+    """Per-step metrics of one (seed, w) run; a run finished earlier (same --out) is read, not redone."""
     from ziprl.train import train
 
     run_dir = out / f"w{w:g}_seed{seed}"
     cfg = load_config(None, base + [f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",
                                     f"run.out_dir={run_dir}", f"run.sft_checkpoint={model}", "run.checkpoint_every=1000"])
-    metrics = run_dir / "metrics.jsonl"
-    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
-    if len(lines) != cfg.learner.steps:
-        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run starts over
-        train(cfg, progress=True)
-        lines = [json.loads(x) for x in metrics.read_text().splitlines()]
-    return [{k: x[f"rollout/{k}"] for k in METRICS} for x in lines]
+    done = read_run(run_dir, cfg.learner.steps)
+    if done is not None:
+        return done
+    shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run starts over
+    train(cfg, progress=True)
+    return read_run(run_dir, cfg.learner.steps)
+
+
+def phase_rows(curves: dict[str, dict[str, list[list[float]]]], steps: int) -> list[dict]:
+    """Per w and phase: the mean over seeds of each seed's phase mean, and its cross-seed std."""
+    half = max(1, steps // 2)
+    rows = []
+    for w in curves["reward"]:
+        for phase, sl in (("early", slice(0, half)), ("late", slice(half, None))):
+            row: dict = {"w": w, "phase": phase}
+            for m in METRICS:
+                per_seed = [statistics.fmean(c[sl]) for c in curves[m][w] if c[sl]]
+                row[f"mean_{m}"] = statistics.fmean(per_seed)
+                row[f"{m}_cross_seed_std"] = statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
+            rows.append(row | {"seeds": len(curves["reward"][w])})
+    return rows
+
+
+def paired_row(curves: dict[str, dict[str, list[list[float]]]]) -> dict:
+    """w = 0.2 minus w = 0 on the same seed and step, averaged over steps 2..N (step 1 is identical by design)."""
+    row: dict = {"w": "0.2 - 0", "phase": "paired, steps 2+"}
+    for m in METRICS:
+        per_seed = [statistics.fmean(b - a for a, b in zip(c0[1:], c2[1:], strict=True))
+                    for c0, c2 in zip(curves[m]["0"], curves[m]["0.2"], strict=True)]
+        row[f"mean_{m}"] = statistics.fmean(per_seed)
+        row[f"{m}_cross_seed_std"] = statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
+    return row | {"seeds": len(curves["reward"]["0"])}
+
+
+def report(curves: dict[str, dict[str, list[list[float]]]], meta: dict) -> None:
+    steps, seeds = meta["steps"], meta["seeds"]
+    write_results("hrr_vs_grpo", [*phase_rows(curves, steps), paired_row(curves)], meta | {"curves": curves})
+    for m, png in (("reward", "hrr_vs_grpo.png"), ("q_com", "hrr_vs_grpo_qcom.png")):
+        mean_curves = {f"w={w}": [(i + 1, statistics.fmean(c[i] for c in per_w)) for i in range(steps)]
+                       for w, per_w in curves[m].items()}
+        plot_curves(mean_curves, RESULTS / png, f"Mean {m} over {len(seeds)} seeds", m)
+    print(f"[hrr_vs_grpo] {meta['train_seconds'] / 60:.1f} min of RL steps over {len(seeds) * len(WEIGHTS)} runs")
 
 
 def main() -> None:
@@ -77,40 +128,31 @@ def main() -> None:
     ap.add_argument("--demo-limit", type=int, default=20, help="demo questions per dataset (HotpotQA, MuSiQue)")
     ap.add_argument("--sft-checkpoint")
     ap.add_argument("--out", default=str(REPO / "runs" / "hrr_vs_grpo"))
+    ap.add_argument("--report-only", action="store_true", help="rebuild the report from finished runs")
     args = ap.parse_args()
-    # Small settings for a 2-core CPU: short observations, F1 reward (denser than EM for a 135M model).
-    env = [f"env.max_turns={args.max_turns}", "env.top_k=3", "env.open_max_chars=1200", "env.reward=f1"]
-    stage1 = env + ["demos.datasets=hotpotqa,musique", f"demos.limit={args.demo_limit}"]
-    base = env + [f"learner.steps={args.steps}", f"data.dataset={args.dataset}", "learner.lr=1e-5",
-                  f"rollout.group_size={args.group_size}", "sampling.max_new_tokens=160", "learner.beta=0.001"]
-    t0 = time.perf_counter()
-    model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model(stage1)
-    t_sft = time.perf_counter() - t0
-    seeds = [int(s) for s in args.seeds.split(",")]
-    runs: dict[float, list[list[dict]]] = {0.0: [], 0.2: []}
-    for seed in seeds:
-        for w in runs:
-            runs[w].append(run_one(seed, w, model, base, Path(args.out)))
-    half = max(1, args.steps // 2)
-    rows = []
-    for w, per_w in runs.items():
-        for phase, sl in (("early", slice(0, half)), ("late", slice(half, None))):
-            row: dict = {"w": w, "phase": phase}
-            for m in METRICS:
-                per_seed = [statistics.fmean(s[m] for s in r[sl]) for r in per_w if r[sl]]
-                row[f"mean_{m}"] = statistics.fmean(per_seed) if per_seed else float("nan")
-                row[f"{m}_cross_seed_std"] = statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
-            rows.append(row | {"seeds": len(per_w)})
-    total = time.perf_counter() - t0
-    curves = {m: {str(w): [[s[m] for s in r] for r in per_w] for w, per_w in runs.items()} for m in METRICS}
-    meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base, "stage1": stage1,
-            "model": str(model), "stage1_seconds": t_sft, "total_seconds": total, "curves": curves}
-    write_results("hrr_vs_grpo", rows, meta)
-    for m, png in (("reward", "hrr_vs_grpo.png"), ("q_com", "hrr_vs_grpo_qcom.png")):
-        mean_curves = {f"w={float(w):g}": [(i + 1, statistics.fmean(c[i] for c in per_w)) for i in range(args.steps)]
-                       for w, per_w in curves[m].items()}
-        plot_curves(mean_curves, RESULTS / png, f"Mean {m} over {len(seeds)} seeds", m)
-    print(f"[hrr_vs_grpo] {total / 60:.1f} min in all")
+    out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
+    if args.report_only:
+        meta = json.loads((RESULTS / "hrr_vs_grpo.json").read_text())["meta"]
+        meta.pop("curves", None)
+        runs = {w: [read_run(out / f"w{w:g}_seed{s}", meta["steps"]) for s in meta["seeds"]] for w in WEIGHTS}
+        if any(r is None for per_w in runs.values() for r in per_w):
+            raise SystemExit(f"--report-only: not every run under {out} has finished; run without it")
+    else:
+        # Small settings for a 2-core CPU: short observations, F1 reward (denser than EM for a 135M model).
+        env = [f"env.max_turns={args.max_turns}", "env.top_k=3", "env.open_max_chars=1200", "env.reward=f1"]
+        stage1 = env + ["demos.datasets=hotpotqa,musique", f"demos.limit={args.demo_limit}"]
+        base = env + [f"learner.steps={args.steps}", f"data.dataset={args.dataset}", "learner.lr=1e-5",
+                      f"rollout.group_size={args.group_size}", "sampling.max_new_tokens=160", "learner.beta=0.001"]
+        t0 = time.perf_counter()
+        model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model(stage1)
+        t_sft = time.perf_counter() - t0
+        by_seed = [{w: run_one(s, w, model, base, out) for w in WEIGHTS} for s in seeds]  # seed-major: pairs finish together
+        runs = {w: [r[w] for r in by_seed] for w in WEIGHTS}
+        meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base, "stage1": stage1,
+                "model": str(model), "stage1_seconds": t_sft, "stage1_cached": t_sft < 60}
+    curves = {m: {f"{w:g}": [[s[m] for s in r] for r in per_w] for w, per_w in runs.items()} for m in METRICS}
+    meta["train_seconds"] = sum(s["step_seconds"] for per_w in runs.values() for r in per_w for s in r)
+    report(curves, meta)
 
 
 if __name__ == "__main__":

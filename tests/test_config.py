@@ -40,6 +40,7 @@ def test_vllm_memory_fraction_must_fit_the_gpu_share():
 def test_yaml_files(tmp_path):
     for name in ("paper.yaml", "laptop.yaml"):
         assert isinstance(load_config(REPO / "configs" / name), ZipRLConfig)
+    assert load_config(REPO / "configs" / "laptop.yaml").to_dict() == ZipRLConfig().to_dict()  # the defaults, written out
     bad = tmp_path / "bad.yaml"
     bad.write_text("env:\n  top_k: [1\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
