@@ -149,7 +149,8 @@ def main() -> None:
         by_seed = [{w: run_one(s, w, model, base, out) for w in WEIGHTS} for s in seeds]  # seed-major: pairs finish together
         runs = {w: [r[w] for r in by_seed] for w in WEIGHTS}
         meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base, "stage1": stage1,
-                "model": str(model), "stage1_seconds": t_sft, "stage1_cached": t_sft < 60}
+                "model": args.sft_checkpoint or f"<ZIPRL_CACHE>/stage1/{model.parent.name}/model",
+                "stage1_seconds": t_sft}
     curves = {m: {f"{w:g}": [[s[m] for s in r] for r in per_w] for w, per_w in runs.items()} for m in METRICS}
     meta["train_seconds"] = sum(s["step_seconds"] for per_w in runs.values() for r in per_w for s in r)
     report(curves, meta)

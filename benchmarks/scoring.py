@@ -131,7 +131,7 @@ def main() -> None:
     args = p.parse_args()
     load_before = os.getloadavg()[0]
     rows = measure_scoring(args)
-    write_results("scoring", rows, meta={"data": str(args.data), "questions": str(args.questions),
+    write_results("scoring", rows, meta={"data": args.data.name, "questions": args.questions.name,
                                          "n": args.n, "repeats": args.repeats, "processes": 1,
                                          "load_avg_1min": [load_before, os.getloadavg()[0]]})
 

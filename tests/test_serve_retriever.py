@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -195,8 +196,6 @@ def _replicas() -> set[str]:
 
 def test_a_dead_replica_is_replaced_and_search_goes_on(client, local, passages):
     """Serve replaces a replica that dies or fails ``check_health``; callers then reach the new one."""
-    import time
-
     (old,) = _replicas()
     ray.kill(ray.get_actor(old, namespace="serve"), no_restart=True)
     deadline = time.time() + 120
