@@ -1,7 +1,7 @@
 """The paper's layout, simulated on this CPU: configs/paper.yaml with a tiny random Qwen3 and fractional CPUs.
 
     .venv/bin/python benchmarks/scale_sim.py [--actors 32] [--batch 64] [--group 8] [--ranks 4] [--steps 3]
-                                             [--staleness 1,0] [--max-turns 20] [--max-new-tokens 24]
+                                             [--staleness 1,0] [--max-turns 20] [--max-new-tokens 8]
 
 Everything but the model's size is the paper's shape: 32 rollout actors (Ray actors with a sliver of a CPU
 each), 64 questions x G = 8 per step, 4 learner ranks (DeepSpeed ZeRO-3 over gloo), up to 20 turns, the pooled
@@ -56,23 +56,33 @@ def tiny_qwen3(out: Path) -> Path:
 
 
 class RSSMonitor:
-    """Samples every process of this session twice a second; keeps each one's peak RSS and its role."""
+    """Samples every process of the run every ``period`` s; keeps each one's peak RSS and USS, and its role.
 
-    def __init__(self, period: float = 0.5):
-        self.period, self.peak, self.role = period, {}, {}
+    RSS counts the shared libraries (torch alone maps ~200 MB) in every process; USS is the memory only that
+    process holds, which is what N actors on one node really add up to.
+    """
+
+    def __init__(self, period: float = 2.0):
+        self.period, self.peak, self.uss, self.role = period, {}, {}, {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            for p in psutil.process_iter(["pid", "name", "cmdline", "memory_info"]):
+            for p in psutil.process_iter(["pid", "name", "cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
                 role = "driver" if p.info["pid"] == me.pid else next((r for key, r in ROLES if key in cmd), None)
-                if role is None or p.info["memory_info"] is None:
+                if role is None:
                     continue
-                self.role[p.info["pid"]] = role
-                self.peak[p.info["pid"]] = max(self.peak.get(p.info["pid"], 0), p.info["memory_info"].rss)
+                try:
+                    mem = p.memory_full_info()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                pid = p.info["pid"]
+                self.role[pid] = role
+                self.peak[pid] = max(self.peak.get(pid, 0), mem.rss)
+                self.uss[pid] = max(self.uss.get(pid, 0), mem.uss)
             self._stop.wait(self.period)
 
     def __enter__(self) -> RSSMonitor:
@@ -84,13 +94,14 @@ class RSSMonitor:
         self._thread.join()
 
     def by_role(self) -> dict[str, dict[str, float]]:
-        """Per role: number of processes, peak RSS of the largest, and their sum of peaks (MB)."""
+        """Per role: number of processes, the largest peak RSS and USS, and the sum of peak USS (MB)."""
         out: dict[str, dict[str, float]] = {}
         for pid, rss in self.peak.items():
-            r = out.setdefault(self.role[pid], {"processes": 0, "max_mb": 0.0, "sum_mb": 0.0})
+            r = out.setdefault(self.role[pid], {"processes": 0, "rss_max_mb": 0.0, "uss_max_mb": 0.0, "uss_sum_mb": 0.0})
             r["processes"] += 1
-            r["max_mb"] = max(r["max_mb"], rss / 2**20)
-            r["sum_mb"] += rss / 2**20
+            r["rss_max_mb"] = max(r["rss_max_mb"], rss / 2**20)
+            r["uss_max_mb"] = max(r["uss_max_mb"], self.uss[pid] / 2**20)
+            r["uss_sum_mb"] += self.uss[pid] / 2**20
         return out
 
 
@@ -117,7 +128,7 @@ def run(args: argparse.Namespace, staleness: int, model: Path) -> dict:
         f"ray.num_rollout_actors={args.actors}", f"ray.rollout_actor_cpus={cpus_per_actor}", "ray.rollout_gpus=0",
         f"ray.learner_ranks={args.ranks}", "ray.learner_cpus=0.1", "ray.learner_gpus=0",
         "ray.retriever_replicas=1", "ray.retriever_cpus=0.5", f"ray.max_staleness={staleness}",
-        "run.checkpoint_every=1000",
+        "run.checkpoint_every=1000", f"data.dataset={args.dataset}",
     ])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
@@ -150,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--staleness", default="1,0")
     ap.add_argument("--max-turns", type=int, default=20)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
     ap.add_argument("--name", default="scale_sim")
     args = ap.parse_args(argv)
     from ziprl.policy.models import cache_root
