@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
     ap.add_argument("--name", default="scale_sim")
     args = ap.parse_args(argv)
-    from ziprl.policy.models import cache_root
     from ziprl.config import ModelConfig
+    from ziprl.policy.models import cache_root
 
     model = tiny_qwen3(cache_root(ModelConfig()) / "tiny-qwen3-h64")
     runs = [run(args, int(s), model) for s in args.staleness.split(",")]
