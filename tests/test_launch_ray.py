@@ -60,6 +60,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
     assert killed, "the test killed a rollout actor mid-run"
     assert metrics["system/groups_trained"] == 2.0
     assert lines[-1]["system/rollout_failures"] >= 1.0  # its in-flight batch was discarded and re-dispatched
+    assert metrics["system/groups_dropped_stale"] == 0.0
     acc = EventAccumulator(str(out / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -71,3 +72,29 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
         assert tag in tags, tag
     assert [e.step for e in acc.Scalars("learner/loss")] == [1, 2]
     assert (out / "checkpoints").is_dir() and len(list((out / "trajectories").glob("*.parquet"))) == 2
+
+
+def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
+    """Global batch 4 > 2 actors + 1, max_staleness 0: every step completes on-policy, the accounting balances."""
+    from ziprl.launch import launch
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [
+        f"run.out_dir={out}", f"run.sft_checkpoint={tiny_model_dir}", "model.device=cpu",
+        "ray.num_rollout_actors=2", "learner.steps=3", "learner.global_batch_questions=4", "learner.beta=0",
+        "rollout.batch_questions=1", "rollout.group_size=2", "env.max_turns=2", "sampling.max_new_tokens=16",
+        "ray.max_staleness=0", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25", "learner.micro_batch_turns=8",
+    ])
+    ray.init(num_cpus=2, include_dashboard=False)
+    launch(cfg, progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    for x in lines:
+        assert x["rollout/trajectories"] == 8.0  # 4 questions x G = 2
+        assert x["system/lag_0_groups"] == 4.0 and x["system/staleness"] == 0.0  # on-policy
+        assert x["system/groups_generated"] == (x["system/groups_trained"] + x["system/groups_dropped_stale"]
+                                                + x["system/groups_buffered"])
+        assert 0.0 <= x["system/actor_idle_frac"] <= 1.0 and 0.0 <= x["system/learner_wait_frac"] <= 1.0
+        assert x["system/rollout_rss_peak_mb"] > 0 and x["perf/weight_push_bytes"] > 0
+    assert lines[-1]["system/groups_trained"] == 12.0 and lines[-1]["system/groups_dropped_stale"] == 0.0
+    assert lines[-1]["system/groups_generated"] <= 12.0 + 4.0  # on-policy: at most one batch ahead

@@ -153,8 +153,7 @@ class RayConfig:
     retriever_replicas: int = 1
     retriever_cpus: float = 0.5
     retriever_max_batch: int = 32
-    max_staleness: int = 1  # 0 = synchronous on-policy
-    queue_size: int = 8
+    max_staleness: int = 1  # groups may train at most this many versions after their weights; 0 = on-policy
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None = no HTTP route
 
@@ -203,6 +202,8 @@ class ZipRLConfig:
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
+            (lr.global_batch_questions >= 1, "learner.global_batch_questions must be >= 1"),
+            (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),

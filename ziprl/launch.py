@@ -65,9 +65,14 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     import ray
     from ray import serve
 
-    from ziprl.actors.driver import Driver, check_gpus
+    from ziprl.actors.driver import RayLearner, RaySource, check_gpus
+    from ziprl.actors.learner_actor import LearnerGroup
     from ziprl.actors.ray_utils import init_ray
+    from ziprl.actors.serve_retriever import deploy_retriever
     from ziprl.env.datasets import load_dataset
+    from ziprl.eval import retriever_config_for
+    from ziprl.learner.loop import train_loop
+    from ziprl.stream import QuestionStream
     from ziprl.tb import MetricsLogger
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
@@ -76,21 +81,21 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     init_ray(cfg.ray)
     logger = MetricsLogger(out)
-    driver = None
+    source = None
     try:
         check_gpus(cfg)
         model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
         print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
-        driver = Driver(cfg, model, examples, logger, progress)
-        metrics = driver.run()
+        group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+        group.call("build_trainer", str(model))
+        source = RaySource(cfg, model, deploy_retriever(retriever_config_for(cfg), cfg.ray), group)
+        metrics = train_loop(cfg, RayLearner(group), source, QuestionStream(examples, cfg.data.seed), logger, progress)
         print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)
         return metrics
-    except KeyboardInterrupt:
-        if driver is not None:
-            print(f"\n[launch] interrupted: checkpoint {driver.checkpoint()}", flush=True)
-        raise
     finally:
         logger.close()
+        if source is not None:
+            source.close()
         serve.shutdown()
         ray.shutdown()
 

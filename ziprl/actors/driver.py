@@ -1,32 +1,28 @@
-"""The distributed training loop: rollout actors fill a bounded queue, the learner consumes it.
+"""Ray glue for the training loop: rollout actors as a rollout source, the learner ranks as its learner.
 
-Rollout actors run continuously (one batch in flight each) while the learner trains, so generation and
-updates overlap; each group carries the policy version it was generated with, and groups more than
-``ray.max_staleness`` versions behind are dropped and counted. A rollout actor that dies is restarted by
-Ray; its in-flight batch is discarded whole (never half-counted) and its questions are re-dispatched.
+:func:`ziprl.learner.loop.train_loop` runs unchanged on top: :class:`RaySource` runs each scheduled job as one
+``run_batch`` call on a rollout actor (one call in flight per actor), and pushes new weights to every actor
+before the next job starts; :class:`RayLearner` forwards steps and checkpoints to the learner ranks. A rollout
+actor that dies is restarted by Ray; its job comes back failed and the scheduler re-runs it (nothing half-counted).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from tqdm import tqdm
 
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
-from ziprl.actors.serve_retriever import deploy_retriever
-from ziprl.actors.weights import WeightRef, is_fresh
+from ziprl.actors.weights import WeightRef
 from ziprl.config import ConfigError, ZipRLConfig
-from ziprl.env.stats import trajectory_stats
-from ziprl.env.trajectory import Trajectory, from_table, save_trajectories, to_table
+from ziprl.env.trajectory import Trajectory, from_table, to_table
 from ziprl.env.types import QAExample
-from ziprl.stream import QuestionStream
+from ziprl.policy.source import Completion
 
 ROLLOUT_NAME = "ziprl-rollout-{}"
 
@@ -59,139 +55,77 @@ def check_gpus(cfg: ZipRLConfig) -> None:
     print(f"[launch] warning: {msg}; until the autoscaler adds GPUs the actors wait", file=sys.stderr, flush=True)
 
 
-def _groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
-    by: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by[t.group_id].append(t)
-    return list(by.values())
+class RayLearner:
+    """The learner ranks (:class:`LearnerGroup`) behind the loop's learner interface; rank 0 answers."""
+
+    def __init__(self, group: LearnerGroup):
+        self.group = group
+        self._version = group.call("version")
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        learn = self.group.call("train_step", ray.put([to_table(trajectories)]))  # one copy for all ranks
+        self._version = int(learn["policy_version"])
+        return learn
+
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str:
+        return self.group.call("save_checkpoint", str(out_dir), position)
+
+    def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
+        position = self.group.call("load_latest", str(out_dir))
+        self._version = self.group.call("version")
+        return position
 
 
-class Driver:
-    """Owns the actors and the queue; ``run()`` trains ``cfg.learner.steps`` steps."""
+class RaySource:
+    """``ray.num_rollout_actors`` rollout actors, each running one job (``rollout.batch_questions`` questions)."""
 
-    def __init__(self, cfg: ZipRLConfig, model_path: Path, examples: list[QAExample], logger: Any, progress: bool = True):
-        from ziprl.eval import retriever_config_for
-
-        self.cfg, self.logger, self.progress = cfg, logger, progress
-        self.out = Path(cfg.run.out_dir)
-        self.stream = QuestionStream(examples, cfg.data.seed)
-        self.learner = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
-        self.learner.call("build_trainer", str(model_path))
-        self.retriever = deploy_retriever(retriever_config_for(cfg), cfg.ray)
+    def __init__(self, cfg: ZipRLConfig, model_path: Path, retriever: Any, learner: LearnerGroup):
+        self.cfg, self.learner = cfg, learner
         cpus = rollout_cpus(cfg)
         self.actors = [
             RolloutActor.options(name=ROLLOUT_NAME.format(i), num_cpus=cpus, num_gpus=cfg.ray.rollout_gpus)
-            .remote(cfg.to_dict(), str(model_path), self.retriever, i, max(1, int(cpus)))
+            .remote(cfg.to_dict(), str(model_path), retriever, i, max(1, int(cpus)))
             for i in range(cfg.ray.num_rollout_actors)
         ]
+        self.num_workers = len(self.actors)
+        self.questions_per_call = cfg.rollout.batch_questions
         self.wref: WeightRef | None = None
-        self.inflight: dict[ray.ObjectRef, tuple[int, list[QAExample]]] = {}
-        self.retry: deque[list[QAExample]] = deque()
-        self.queue: deque[list[Trajectory]] = deque()
-        self.idle: list[int] = []
-        self.dispatched = 0
-        self.counters = {"stale_dropped": 0, "rollout_failures": 0, "groups_trained": 0}
-        self._gen = {"tokens": 0, "seconds": 0.0}
-        self.bar = tqdm(total=cfg.learner.steps, desc="train", unit="step", disable=not progress)
-        self.postfix: dict[str, str] = {}
+        self._calls: dict[ray.ObjectRef, int] = {}  # run_batch result -> ticket
 
-    def resume(self) -> int:
-        pos = self.learner.call("load_latest", str(self.out))
-        if pos is not None:
-            self.stream.restore(pos)
-        version = self.learner.call("version")
-        if version:
-            self.wref = self.learner.call("publish")
-        return version
+    def submit(self, worker: int, ticket: int, examples: list[QAExample], seed: int) -> None:
+        self._calls[self.actors[worker].run_batch.remote(example_dicts(examples), seed, self.wref)] = ticket
 
-    def _dispatch(self, i: int) -> None:
-        qs = self.retry.popleft() if self.retry else self.stream.next_batch(self.cfg.rollout.batch_questions)
-        seed = self.cfg.learner.seed * 1_000_003 + self.dispatched
-        self.dispatched += 1
-        self.inflight[self.actors[i].run_batch.remote(example_dicts(qs), seed, self.wref)] = (i, qs)
+    def wait(self) -> list[Completion]:
+        ready, rest = ray.wait(list(self._calls), num_returns=1)
+        if rest:  # everything else that has finished too
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        out, g = [], self.cfg.rollout.group_size
+        for ref in ready:
+            ticket = self._calls.pop(ref)
+            try:
+                table, stats = ray.get(ref)
+            except RayActorError:  # the actor died mid-job; Ray restarts it
+                out.append(Completion(ticket, None))
+                continue
+            trajs = from_table(table)
+            out.append(Completion(ticket, [trajs[i:i + g] for i in range(0, len(trajs), g)], stats))
+        return out
 
-    def _collect(self) -> None:
-        """Wait for one finished batch; queue its groups, or re-dispatch its questions if the actor died."""
-        ready, _ = ray.wait(list(self.inflight), num_returns=1)
-        i, qs = self.inflight.pop(ready[0])
-        try:
-            table, stats = ray.get(ready[0])
-        except RayActorError:
-            self.counters["rollout_failures"] += 1
-            self.retry.append(qs)
-            self._dispatch(i)  # Ray restarts the actor; the call waits for it
-            return
-        self._gen["tokens"] += stats["tokens"]
-        self._gen["seconds"] += stats["gen_seconds"]
-        self.queue.extend(_groups(from_table(table)))
-        self._note(rollouts=f"{self._gen['tokens']} tok", queue=str(len(self.queue)))
-        if len(self.queue) < self.cfg.ray.queue_size:
-            self._dispatch(i)
-        else:
-            self.idle.append(i)
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Rank 0 puts the weights into the object store once; each actor loads them before its next job."""
+        t0 = time.perf_counter()
+        self.wref = self.learner.call("publish")
+        if self.wref.version != version:
+            raise RuntimeError(f"the learner published version {self.wref.version}, expected {version}")
+        for a in self.actors:
+            a.update_weights.remote(self.wref)  # applied between their jobs; run_batch also carries the ref
+        return {"seconds": time.perf_counter() - t0, "bytes": float(self.wref.nbytes)}
 
-    def _take_batch(self, version: int) -> list[list[Trajectory]] | None:
-        """``global_batch_questions`` fresh groups from the queue (stale ones dropped), or None if too few."""
-        fresh = []
-        while self.queue and len(fresh) < self.cfg.learner.global_batch_questions:
-            g = self.queue.popleft()
-            if is_fresh(g[0].policy_version, version, self.cfg.ray.max_staleness):
-                fresh.append(g)
-            else:
-                self.counters["stale_dropped"] += 1
-        if len(fresh) < self.cfg.learner.global_batch_questions:
-            self.queue.extendleft(reversed(fresh))
-            return None
-        return fresh
-
-    def run(self) -> dict[str, float]:
-        cfg = self.cfg
-        version = self.resume() if cfg.run.resume else 0
-        for i in range(len(self.actors)):
-            self._dispatch(i)
-        metrics: dict[str, float] = {}
-        self.bar.update(version)
-        t_step = time.perf_counter()
-        while version < cfg.learner.steps:
-            self._collect()
-            while version < cfg.learner.steps and (groups := self._take_batch(version)) is not None:
-                trajs = [t for g in groups for t in g]
-                learn = self.learner.call("train_step", ray.put([to_table(trajs)]))  # one copy for all ranks
-                self.wref = self.learner.call("publish")
-                t_push = time.perf_counter()
-                for a in self.actors:
-                    a.update_weights.remote(self.wref)  # applied between their generation batches
-                version = self.wref.version
-                self.counters["groups_trained"] += len(groups)
-                save_trajectories(trajs, self.out / "trajectories" / f"step_{version:06d}.parquet")
-                metrics = self._metrics(trajs, learn, version, time.perf_counter() - t_push, t_step)
-                self.logger.log(version, metrics)
-                if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
-                    self.learner.call("save_checkpoint", str(self.out), self.stream.position)
-                t_step = time.perf_counter()
-                self.bar.update(1)
-                self._note(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}")
-                while self.idle and len(self.queue) < cfg.ray.queue_size:
-                    self._dispatch(self.idle.pop())
-        self.bar.close()
-        return metrics
-
-    def _note(self, **fields: str) -> None:
-        """Update the progress bar's postfix: rollout tokens since the last step, queue depth, last reward."""
-        self.postfix.update(fields)
-        self.bar.set_postfix(self.postfix)
-
-    def _metrics(self, trajs: list[Trajectory], learn: dict[str, float], version: int, push_dispatch: float,
-                 t_step: float) -> dict[str, float]:
-        lags = [version - 1 - t.policy_version for t in trajs]
-        gen, self._gen = self._gen, {"tokens": 0, "seconds": 0.0}
-        return {**{f"rollout/{k}": v for k, v in trajectory_stats(trajs).items()},
-                **{f"learner/{k}": v for k, v in learn.items()},
-                "perf/gen_tokens_per_second": gen["tokens"] / max(gen["seconds"], 1e-9),
-                "perf/weight_push_seconds": self.wref.seconds + push_dispatch,
-                "perf/step_seconds": time.perf_counter() - t_step,
-                "system/staleness": sum(lags) / len(lags), "system/queue_depth": float(len(self.queue)),
-                **{f"system/{k}": float(v) for k, v in self.counters.items()}}
-
-    def checkpoint(self) -> str:
-        return self.learner.call("save_checkpoint", str(self.out), self.stream.position)
+    def close(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+        self._calls.clear()

@@ -72,8 +72,11 @@ class LearnerWorker:
         return self.trainer.policy_version
 
     def train_step(self, tables: list[pa.Table]) -> dict[str, float]:
-        """One optimiser step of GRPO + HRR over the given groups of trajectories."""
-        return self.trainer.train_step([t for table in tables for t in from_table(table)])
+        """One optimiser step of GRPO + HRR over the given groups of trajectories (+ this rank's peak RSS)."""
+        from ziprl.policy.source import peak_rss_mb
+
+        stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
+        return {**stats, "rss_peak_mb": peak_rss_mb()}
 
     def publish(self) -> WeightRef | None:
         """Rank 0 puts the current weights into the object store once (numpy arrays); others return None.

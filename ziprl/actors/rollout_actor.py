@@ -41,19 +41,20 @@ class RolloutWorker:
     def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | None = None) -> tuple[pa.Table, dict]:
         """Roll out G trajectories per question with the newest weights; returns an Arrow table + stats."""
         from ziprl.env import SearchCompressEnv
-        from ziprl.policy.rollout import rollout
+        from ziprl.policy.rollout import rollout_groups
+        from ziprl.policy.source import job_stats
 
         if wref is not None:
             self.update_weights(wref)
         exs = [QAExample(**e) for e in examples]
         tokens, secs, t0 = self.engine.tokens_generated, self.engine.generation_seconds, time.perf_counter()
-        trajs = rollout(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever, examples=exs),
-                        exs, self.cfg.sampling, group_size=self.cfg.rollout.group_size, seed=seed)
+        groups = rollout_groups(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever,
+                                                                       examples=exs),
+                                exs, self.cfg.sampling, self.cfg.rollout.group_size, seed)
         self.batches += 1
         stats = {"actor_id": self.actor_id, "pid": os.getpid(), "version": self.engine.version,
-                 "tokens": self.engine.tokens_generated - tokens, "gen_seconds": self.engine.generation_seconds - secs,
-                 "seconds": time.perf_counter() - t0}
-        return to_table(trajs), stats
+                 "seconds": time.perf_counter() - t0, **job_stats(self.engine, tokens, secs)}
+        return to_table([t for g in groups for t in g]), stats
 
     def pid(self) -> int:
         return os.getpid()

@@ -30,6 +30,7 @@ class GenerationEngine(ABC):
     version: int = 0
     tokens_generated: int = 0
     generation_seconds: float = 0.0
+    max_context: int | None = None  # longest sequence (prompt + response) the model takes; None = unknown
 
     @property
     @abstractmethod

@@ -57,6 +57,7 @@ class HFEngine(GenerationEngine):
         self.version = 0
         self.tokens_generated = 0
         self.generation_seconds = 0.0
+        self.max_context = getattr(model.config, "max_position_embeddings", None)
 
     @property
     def tokenizer(self) -> Any:

@@ -33,7 +33,7 @@ def rollout(
     envs, trajs, infos = [], [], []
     tag = uuid.uuid4().hex[:8]
     for qi, ex in enumerate(examples):
-        gid = f"{ex.id}#{tag}"
+        gid = f"{ex.id}#{tag}.{qi}"  # a batch may hold one question twice (an epoch boundary): two groups
         for s in range(group_size):
             env = make_env()
             _, info = env.reset(seed=seed + qi * group_size + s, options={"example": ex})
@@ -72,3 +72,11 @@ def rollout(
         step += 1
     bar.close()
     return trajs
+
+
+def rollout_groups(engine: GenerationEngine, make_env: Callable[[], SearchCompressEnv], examples: list[QAExample],
+                   sampling: SamplingConfig, group_size: int, seed: int) -> list[list[Trajectory]]:
+    """One GRPO group of ``group_size`` trajectories per example, guarding the engine's context length."""
+    limit = engine.max_context - sampling.max_new_tokens if engine.max_context else None
+    trajs = rollout(engine, make_env, examples, sampling, group_size=group_size, seed=seed, max_prompt_tokens=limit)
+    return [trajs[i * group_size:(i + 1) * group_size] for i in range(len(examples))]

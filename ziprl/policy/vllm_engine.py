@@ -97,6 +97,7 @@ class VLLMEngine(GenerationEngine):
                             trust_remote_code=trust_remote_code,
                             worker_extension_cls=f"{__name__}.WeightSyncExtension", **llm_kwargs)
         self._tokenizer = self.llm.get_tokenizer()
+        self.max_context = json.loads((self.path / "config.json").read_text()).get("max_position_embeddings")
         self.version = 0
         self.tokens_generated = 0
         self.generation_seconds = 0.0

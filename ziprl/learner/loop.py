@@ -1,0 +1,133 @@
+"""The one training loop (the paper's Algorithm 1, Stage 2): groups -> learner step -> weight push -> log.
+
+``ziprl.train`` and ``ziprl.launch`` both run :func:`train_loop`; they differ only in the rollout source they
+plug in (this process's engine, or Ray rollout actors) and the learner (a :class:`LocalLearner`, or the Ray
+learner ranks). Each step: the scheduler hands over ``learner.global_batch_questions`` groups (admitted under
+the staleness-aware capacity rule, oldest version first), the trajectories are written to
+``<out>/trajectories/step_<n>.parquet``, the learner takes one optimiser step, the new weights are pushed to
+every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_every`` steps a checkpoint stores
+the weights, optimiser and the data position (question stream + the jobs not yet trained).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from ziprl.config import ZipRLConfig
+from ziprl.env.stats import trajectory_stats
+from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.learner.scheduler import RolloutScheduler
+from ziprl.policy.source import RolloutSource, peak_rss_mb
+from ziprl.stream import QuestionStream
+
+
+class Learner(Protocol):
+    """What the loop needs of a learner (in-process Trainer or the Ray learner ranks)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]: ...
+
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str: ...
+
+    def load_latest(self, out_dir: Path) -> dict[str, Any] | None: ...
+
+
+class LocalLearner:
+    """A :class:`~ziprl.learner.trainer.Trainer` in this process, with its checkpoints."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+
+    @property
+    def version(self) -> int:
+        return self.trainer.policy_version
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return {**self.trainer.train_step(trajectories), "rss_peak_mb": peak_rss_mb()}
+
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str:
+        from ziprl.learner.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.trainer, out_dir, position))
+
+    def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
+        from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
+
+        ckpt = latest_checkpoint(out_dir)
+        return None if ckpt is None else load_checkpoint(self.trainer, ckpt)
+
+
+def step_metrics(trajs: list[Trajectory], learn: dict[str, float], system: dict[str, float], lags: list[int],
+                 max_staleness: int, timings: dict[str, float], push: dict[str, float]) -> dict[str, float]:
+    """Everything logged for one step: rollout/*, learner/*, perf/* and system/* scalars."""
+    hist = Counter(lags)
+    return {**{f"rollout/{k}": v for k, v in trajectory_stats(trajs).items()},
+            **{f"learner/{k}": v for k, v in learn.items()},
+            "perf/gen_tokens_per_second": system["gen_tokens"] / max(system["gen_seconds"], 1e-9),
+            "perf/weight_push_seconds": push["seconds"], "perf/weight_push_bytes": push["bytes"],
+            **{f"perf/{k}_seconds": v for k, v in timings.items()},
+            **{f"system/{k}": v for k, v in system.items() if k not in ("gen_tokens", "gen_seconds")},
+            "system/staleness": sum(lags) / len(lags) if lags else 0.0,
+            **{f"system/lag_{k}_groups": float(hist[k]) for k in range(max_staleness + 1)},
+            "system/driver_rss_peak_mb": peak_rss_mb()}
+
+
+def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream: QuestionStream, logger: Any,
+               progress: bool = True) -> dict[str, float]:
+    """Train until ``cfg.learner.steps`` policy versions (resuming first when ``cfg.run.resume``); last metrics."""
+    out = Path(cfg.run.out_dir)
+    position = learner.load_latest(out) if cfg.run.resume else None
+    version = learner.version
+    if version:  # resumed: the workers start from the checkpoint's weights
+        source.sync_weights(version)
+    sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
+                             seed=cfg.learner.seed, version=version)
+    if position is not None:
+        sched.restore(position)
+        print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
+    bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not progress)
+    try:
+        metrics = _steps(cfg, learner, source, sched, logger, bar, out)
+    except KeyboardInterrupt:
+        print(f"\n[train] interrupted: checkpoint {learner.save_checkpoint(out, sched.position)}", flush=True)
+        raise
+    finally:
+        bar.close()
+    return metrics
+
+
+def _steps(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, sched: RolloutScheduler, logger: Any,
+           bar: tqdm, out: Path) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    version, t_step = learner.version, time.perf_counter()
+    while version < cfg.learner.steps:
+        groups = sched.next_batch()
+        lags = sched.lags(groups)
+        trajs = [t for g in groups for t in g]
+        t0 = time.perf_counter()
+        learn = learner.train_step(trajs)
+        t1 = time.perf_counter()
+        version = learner.version
+        push = source.sync_weights(version)
+        sched.advance(version)
+        t2 = time.perf_counter()
+        save_trajectories(trajs, out / "trajectories" / f"step_{version:06d}.parquet")
+        if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
+            learner.save_checkpoint(out, sched.position)
+        timings = {"train": t1 - t0, "push": t2 - t1, "save": time.perf_counter() - t2}
+        system = sched.step_stats()
+        timings["wait"] = system["wait_seconds"]
+        timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()
+        metrics = step_metrics(trajs, learn, system, lags, cfg.ray.max_staleness, timings, push)
+        logger.log(version, metrics)
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}",
+                        loss=f"{learn.get('loss', float('nan')):.4f}", buffered=int(system["groups_buffered"]))
+    return metrics

@@ -1,0 +1,229 @@
+"""Feeds the learner whole GRPO groups from a pool of rollout workers under the staleness-aware capacity rule.
+
+The scheduler knows nothing of Ray or torch: a :class:`~ziprl.policy.source.RolloutSource` runs the jobs (in this process for
+``ziprl.train``, on Ray rollout actors for ``ziprl.launch``, a simulation in the tests). Its rules:
+
+- Admission (:func:`~ziprl.learner.capacity.capacity`): an idle worker gets a job of up to
+  ``source.questions_per_call`` questions while fewer than ``(max_staleness + version + 1) * batch`` groups have
+  been started and kept. A job is tagged with the learner version at submission; the source guarantees its
+  groups are generated with weights at least that new (weights are pushed before the next submission).
+- Consumption, oldest version first: a batch takes finished groups in version order and never takes a group
+  while a running job might still return an older one, so groups are trained in version order. With the
+  admission bound, no group is ever too stale: if a group of version u were trained at step s > u + S + 1
+  (S = max_staleness), the (s - 1) * batch groups trained before it would all have versions <= u, yet at most
+  (S + u + 1) * batch groups are ever started at versions <= u. A stale group would still be dropped and
+  counted, never trained.
+- A job whose worker died comes back as a failed ``Completion``; its questions are re-run (same seed) on
+  the next idle worker, first in line. Nothing is half-counted.
+- ``position`` is the data position a checkpoint stores: the question stream plus every job not yet trained
+  (buffered or running), which a resumed run re-runs first with the same seeds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ziprl.env.types import QAExample
+from ziprl.learner.capacity import capacity, is_fresh, lag
+from ziprl.policy.source import Completion, Group, RolloutSource
+from ziprl.stream import QuestionStream
+
+
+@dataclass
+class _Job:
+    worker: int
+    examples: list[QAExample]
+    seed: int
+    version: int  # learner version at submission: a lower bound on the version its groups carry
+    started: float
+
+
+class RolloutScheduler:
+    """Dispatch, collect and batch groups for the learner (see the module docstring for the rules)."""
+
+    def __init__(self, source: RolloutSource, stream: QuestionStream, batch: int, max_staleness: int,
+                 seed: int = 0, version: int = 0):
+        if batch < 1 or max_staleness < 0 or source.num_workers < 1 or source.questions_per_call < 1:
+            raise ValueError(f"need batch >= 1, max_staleness >= 0 and at least one worker taking >= 1 question "
+                             f"(batch={batch}, max_staleness={max_staleness}, workers={source.num_workers}, "
+                             f"questions_per_call={source.questions_per_call})")
+        self.source, self.stream, self.batch, self.max_staleness = source, stream, batch, max_staleness
+        self.seed, self.version = seed, version
+        self._base = version * batch  # groups trained before this run started (resume)
+        self._jobs: dict[int, _Job] = {}
+        self._tickets = 0
+        self._dispatches = 0
+        self._retry: deque[tuple[list[QAExample], int]] = deque()
+        self._buffer: list[tuple[int, Group, tuple[list[QAExample], int]]] = []  # (version, group, (job))
+        self._idle = set(range(source.num_workers))
+        self.counters = {"groups_generated": 0, "groups_trained": 0, "groups_dropped_stale": 0, "rollout_failures": 0}
+        self.dropped: list[str] = []  # group ids of stale drops (expected to stay empty)
+        self._step_start = time.perf_counter()
+        self._busy = 0.0  # worker-seconds of generation in the current step
+        self._wait = 0.0  # seconds the learner waited for groups in the current step
+        self._gen = {"tokens": 0.0, "gen_seconds": 0.0}
+        self._rss: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def running(self) -> int:
+        """Groups being generated now."""
+        return sum(len(j.examples) for j in self._jobs.values())
+
+    @property
+    def buffered(self) -> int:
+        """Finished groups waiting for a learner step."""
+        return len(self._buffer)
+
+    def capacity(self) -> int:
+        accepted = self._base + self.counters["groups_trained"] + len(self._buffer)
+        return capacity(self.max_staleness, self.version, self.batch, accepted, self.running)
+
+    @property
+    def position(self) -> dict[str, Any]:
+        """Data position for a checkpoint: the stream, and the jobs not yet trained (re-run first on resume)."""
+        pending = [(list(ex), seed) for _, _, (ex, seed) in self._buffer]  # one entry per buffered group
+        pending += [(j.examples, j.seed) for j in self._jobs.values()] + list(self._retry)
+        merged: dict[int, list[str]] = {}
+        for examples, seed in pending:
+            merged.setdefault(seed, [])
+            merged[seed] += [e.id for e in examples if e.id not in merged[seed]]
+        return {"stream": self.stream.position, "dispatches": self._dispatches,
+                "pending": [{"seed": s, "ids": ids} for s, ids in sorted(merged.items())]}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continue from a checkpoint's position (an older checkpoint's bare stream position also works)."""
+        if "stream" not in position:
+            self.stream.restore(position)
+            return
+        self.stream.restore(position["stream"])
+        self._dispatches = int(position["dispatches"])
+        by_id = {e.id: e for e in self.stream.examples}
+        for job in position["pending"]:
+            missing = [i for i in job["ids"] if i not in by_id]
+            if missing:
+                raise ValueError(f"checkpoint names questions {missing[:3]} that are not in this question set; "
+                                 "resume with the same data config")
+            self._retry.append(([by_id[i] for i in job["ids"]], int(job["seed"])))
+
+    # ------------------------------------------------------------------ the loop's calls
+
+    def next_batch(self) -> list[Group]:
+        """The next ``batch`` groups to train on (oldest version first), dispatching and waiting as needed.
+
+        Never deadlocks: while fewer than ``batch`` groups are buffered or running, capacity is positive
+        (``(max_staleness + 1) * batch - buffered - running > 0``), so some worker is always given work.
+        """
+        while True:
+            self._drop_stale()
+            self._fill()
+            ready = self._ready()
+            if ready is not None:
+                return ready
+            if not self._jobs:
+                raise RuntimeError(f"scheduler stalled: nothing running, {self.buffered} groups buffered, "
+                                   f"capacity {self.capacity()} (a bug: please report it)")
+            t0 = time.perf_counter()
+            done = self.source.wait()
+            self._wait += time.perf_counter() - t0
+            for c in done:
+                self._complete(c)
+
+    def advance(self, version: int) -> None:
+        """The learner is now at ``version`` and every worker will generate with it from its next job on."""
+        if version < self.version:
+            raise ValueError(f"learner version went back from {self.version} to {version}")
+        self.version = version
+        self._fill()  # new capacity: start jobs right away, while the loop logs and checkpoints
+
+    def step_stats(self) -> dict[str, float]:
+        """This step's system metrics (and the run's counters); resets the per-step timers."""
+        now = time.perf_counter()
+        wall = max(now - self._step_start, 1e-9)
+        busy = self._busy + sum(now - max(j.started, self._step_start) for j in self._jobs.values())
+        stats = {**{k: float(v) for k, v in self.counters.items()},
+                 "groups_buffered": float(self.buffered), "groups_in_flight": float(self.running),
+                 "queue_depth": float(self.buffered),
+                 "actor_idle_frac": max(0.0, 1.0 - busy / (wall * self.source.num_workers)),
+                 "learner_wait_frac": min(1.0, self._wait / wall), "wait_seconds": self._wait,
+                 "gen_tokens": self._gen["tokens"], "gen_seconds": self._gen["gen_seconds"],
+                 "rollout_rss_peak_mb": max(self._rss.values(), default=0.0)}
+        self._step_start, self._busy, self._wait = now, 0.0, 0.0
+        self._gen = {"tokens": 0.0, "gen_seconds": 0.0}
+        return stats
+
+    # ------------------------------------------------------------------ internals
+
+    def _fill(self) -> None:
+        """Give idle workers jobs while the capacity rule allows (re-runs of failed or resumed jobs first)."""
+        while self._idle:
+            room = self.capacity()
+            if self._retry:
+                examples, seed = self._retry[0]
+                if len(examples) > room:
+                    return
+                self._retry.popleft()
+            else:
+                n = min(room, self.source.questions_per_call)
+                if n <= 0:
+                    return
+                examples, seed = self.stream.next_batch(n), self.seed * 1_000_003 + self._dispatches
+                self._dispatches += 1
+            worker = min(self._idle)
+            self._idle.discard(worker)
+            ticket, self._tickets = self._tickets, self._tickets + 1
+            self._jobs[ticket] = _Job(worker, examples, seed, self.version, time.perf_counter())
+            self.source.submit(worker, ticket, examples, seed)
+
+    def _complete(self, c: Completion) -> None:
+        job = self._jobs.pop(c.ticket)
+        self._idle.add(job.worker)
+        self._busy += time.perf_counter() - max(job.started, self._step_start)
+        if c.groups is None:
+            self.counters["rollout_failures"] += 1
+            self._retry.appendleft((job.examples, job.seed))
+            return
+        if len(c.groups) != len(job.examples):
+            raise RuntimeError(f"a rollout job for {len(job.examples)} questions returned {len(c.groups)} groups")
+        for ex, group in zip(job.examples, c.groups, strict=True):
+            version = min(t.policy_version for t in group)
+            if version < job.version:
+                raise RuntimeError(f"a job submitted at policy version {job.version} returned a group of version "
+                                   f"{version}: the rollout source must apply pushed weights before the next job")
+            self._buffer.append((version, group, ([ex], job.seed)))
+        self.counters["groups_generated"] += len(c.groups)
+        for key in self._gen:
+            self._gen[key] += float(c.stats.get(key, 0.0))
+        if "rss_peak_mb" in c.stats:
+            self._rss[job.worker] = max(self._rss.get(job.worker, 0.0), float(c.stats["rss_peak_mb"]))
+
+    def _drop_stale(self) -> None:
+        keep = []
+        for item in self._buffer:
+            if is_fresh(item[0], self.version, self.max_staleness):
+                keep.append(item)
+            else:
+                self.counters["groups_dropped_stale"] += 1
+                self.dropped.append(item[1][0].group_id)
+        self._buffer = keep
+
+    def _ready(self) -> list[Group] | None:
+        """``batch`` groups, oldest version first, none newer than what a running job may still return."""
+        floor = min((j.version for j in self._jobs.values()), default=None)
+        eligible = sorted((i for i, item in enumerate(self._buffer) if floor is None or item[0] <= floor),
+                          key=lambda i: self._buffer[i][0])
+        if len(eligible) < self.batch:
+            return None
+        take = set(eligible[: self.batch])
+        groups = [self._buffer[i][1] for i in sorted(take, key=lambda i: self._buffer[i][0])]
+        self._buffer = [item for i, item in enumerate(self._buffer) if i not in take]
+        self.counters["groups_trained"] += len(groups)
+        return groups
+
+    def lags(self, groups: list[Group]) -> list[int]:
+        """Lag of each group against the current learner version."""
+        return [lag(min(t.policy_version for t in g), self.version) for g in groups]
