@@ -1,7 +1,7 @@
 """The paper's layout, simulated on this CPU: configs/paper.yaml with a tiny random Qwen3 and fractional CPUs.
 
     .venv/bin/python benchmarks/scale_sim.py [--actors 32] [--batch 64] [--group 8] [--ranks 4] [--steps 3]
-                                             [--staleness 1,0] [--max-turns 20] [--max-new-tokens 8]
+                                             [--runs 1:object_store,1:collective,0:collective] [--max-turns 20] [--max-new-tokens 8]
 
 Everything but the model's size is the paper's shape: 32 rollout actors (Ray actors with a sliver of a CPU
 each), 64 questions x G = 8 per step, 4 learner ranks (DeepSpeed ZeRO-3 over gloo), up to 20 turns, the pooled
@@ -105,14 +105,14 @@ class RSSMonitor:
         return out
 
 
-def run(args: argparse.Namespace, staleness: int, model: Path) -> dict:
+def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -> dict:
     """One launch at the paper's layout; returns the per-step metrics, totals and process memory."""
     import ray
 
     from ziprl.config import load_config
     from ziprl.launch import launch
 
-    out = ROOT / "runs" / f"scale_sim_s{staleness}"
+    out = ROOT / "runs" / f"scale_sim_s{staleness}_{transport}"
     if out.exists():
         import shutil
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace, staleness: int, model: Path) -> dict:
         f"ray.num_rollout_actors={args.actors}", f"ray.rollout_actor_cpus={cpus_per_actor}", "ray.rollout_gpus=0",
         f"ray.learner_ranks={args.ranks}", "ray.learner_cpus=0.1", "ray.learner_gpus=0",
         "ray.retriever_replicas=1", "ray.retriever_cpus=0.5", f"ray.max_staleness={staleness}",
-        "run.checkpoint_every=1000", f"data.dataset={args.dataset}",
+        "run.checkpoint_every=1000", f"data.dataset={args.dataset}", f"weights.transport={transport}",
     ])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
@@ -136,13 +136,15 @@ def run(args: argparse.Namespace, staleness: int, model: Path) -> dict:
         launch(cfg, progress=True)
     wall = time.perf_counter() - t0
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"staleness": staleness, "wall_seconds": wall, "steps": steps, "memory": mon.by_role()}
+    return {"staleness": staleness, "transport": transport, "wall_seconds": wall, "steps": steps,
+            "memory": mon.by_role()}
 
 
-def step_row(s: dict, staleness: int) -> dict:
+def step_row(s: dict, staleness: int, transport: str) -> dict:
     keys = ("groups_generated", "groups_trained", "groups_dropped_stale", "groups_buffered", "actor_idle_frac",
             "learner_wait_frac", "rollout_failures")
-    row = {"max_staleness": staleness, "step": s["step"], **{k: s[f"system/{k}"] for k in keys}}
+    row = {"max_staleness": staleness, "transport": transport, "step": s["step"],
+           **{k: s[f"system/{k}"] for k in keys}}
     row["balanced"] = s["system/groups_generated"] == (s["system/groups_trained"] + s["system/groups_dropped_stale"]
                                                        + s["system/groups_buffered"])
     row |= {f"lag_{k}": s.get(f"system/lag_{k}_groups", 0.0) for k in range(staleness + 1)}
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--staleness", default="1,0")
+    ap.add_argument("--runs", default="1:object_store,1:collective,0:collective",
+                    help="comma-separated max_staleness:weights.transport pairs, one launch each")
     ap.add_argument("--max-turns", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
@@ -169,10 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     from ziprl.policy.models import cache_root
 
     model = tiny_qwen3(cache_root(ModelConfig()) / "tiny-qwen3-h64")
-    runs = [run(args, int(s), model) for s in args.staleness.split(",")]
-    rows = [step_row(s, r["staleness"]) for r in runs for s in r["steps"]]
-    memory = [{"max_staleness": r["staleness"], "role": role, **m} for r in runs for role, m in r["memory"].items()]
-    totals = [{"max_staleness": r["staleness"], "wall_s": r["wall_seconds"], "steps": len(r["steps"]),
+    pairs = [p.split(":") for p in args.runs.split(",")]
+    runs = [run(args, int(s), t, model) for s, t in pairs]
+    rows = [step_row(s, r["staleness"], r["transport"]) for r in runs for s in r["steps"]]
+    memory = [{"max_staleness": r["staleness"], "transport": r["transport"], "role": role, **m}
+              for r in runs for role, m in r["memory"].items()]
+    totals = [{"max_staleness": r["staleness"], "transport": r["transport"], "wall_s": r["wall_seconds"],
+               "steps": len(r["steps"]), "push_s_mean": sum(s["perf/weight_push_seconds"] for s in r["steps"])
+               / len(r["steps"]),
                "groups_trained": r["steps"][-1]["system/groups_trained"],
                "groups_dropped_stale": r["steps"][-1]["system/groups_dropped_stale"],
                "mean_actor_idle_frac": sum(s["system/actor_idle_frac"] for s in r["steps"]) / len(r["steps"]),
