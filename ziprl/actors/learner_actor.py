@@ -75,22 +75,93 @@ class LearnerWorker:
         """One optimiser step of GRPO + HRR over the given groups of trajectories."""
         return self.trainer.train_step([t for table in tables for t in from_table(table)])
 
-    def publish(self) -> WeightRef | None:
-        """Rank 0 puts the current weights into the object store once (numpy arrays); others return None.
+    # ------------------------------------------------------------------ weight pushes (ziprl.actors.weight_sync)
 
-        Under ZeRO-3 every rank takes part in gathering the parameters; otherwise rank 0 holds them whole.
+    def _buckets(self, device: Any) -> tuple[int, Any]:
+        """(bucket count, iterator of (metas, packed buffer)) of the current weights in the engines' dtype.
+
+        Under ZeRO-3 every rank takes part in gathering one bucket's parameters at a time; only rank 0 packs.
         """
+        from ziprl.actors.weights import iter_packed, plan_for, unique_named_tensors
         from ziprl.learner.distributed import rank
 
-        if rank() != 0 and self.trainer.zero_stage != 3:
+        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
+        plan = plan_for(named, self.cfg.model.dtype, int(self.cfg.weights.bucket_mb * 2**20))
+        gather = lambda params: self.trainer.gathered(params=params)  # noqa: E731
+        return len(plan), iter_packed(named, plan, gather, device, sender=rank() == 0)
+
+    def _takes_part(self) -> bool:
+        from ziprl.learner.distributed import rank
+
+        return rank() == 0 or self.trainer.zero_stage == 3
+
+    def weight_metas(self) -> list[tuple[str, str, list[int]]]:
+        """(name, wire dtype, shape) of every tensor a push sends, in order (what a vLLM receiver is told)."""
+        from ziprl.actors.weights import plan_for, unique_named_tensors
+
+        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
+        plan = plan_for(named, self.cfg.model.dtype, int(self.cfg.weights.bucket_mb * 2**20))
+        return [(m.name, m.dtype, list(m.shape)) for metas in plan for m in metas]
+
+    def publish(self, version: int | None = None) -> WeightRef | None:
+        """Object store: rank 0 ``ray.put`` s the buckets of ``version`` (default: the policy version) as numpy
+        uint8 buffers; returns their :class:`WeightRef` (None on other ranks)."""
+        from ziprl.actors.weights import Bucket
+
+        if not self._takes_part():
             return None
-        t0 = time.perf_counter()
-        arrays = self.trainer.named_weights_numpy()
+        version = self.trainer.policy_version if version is None else version
+        t0, refs, nbytes = time.perf_counter(), [], 0
+        count, buckets = self._buckets("cpu")
+        for i, (metas, buf) in enumerate(buckets):
+            if buf is not None:
+                data = buf.numpy()
+                refs.append(ray.put(Bucket(version, i, count, metas, data)))
+                nbytes += data.nbytes
+        if not refs:
+            return None
+        return WeightRef(version, tuple(refs), time.perf_counter() - t0, nbytes)
+
+    def join_weight_group(self, addr: str, port: int, world: int, timeout_s: float, bind: str) -> None:
+        """Rank 0 hosts the rendezvous and joins the weight group as its rank 0 (other ranks: nothing)."""
+        from ziprl.actors.weight_sync import GroupMember
+        from ziprl.learner.distributed import rank
+
+        self.leave_weight_group()
         if rank() != 0:
-            return None
-        ref = ray.put(arrays)
-        return WeightRef(self.trainer.policy_version, ref, time.perf_counter() - t0,
-                         sum(a.nbytes for a in arrays.values()))
+            return
+        if self.cfg.model.engine == "vllm":  # vLLM's own NCCL communicator (its workers' receiving end)
+            from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+            self.weight_member = trainer_init({"master_address": addr, "master_port": port, "world_size": world})
+        else:
+            self.weight_member = GroupMember(addr, port, 0, world, timeout_s, bind, self.trainer.device)
+
+    def broadcast_weights(self, version: int) -> int:
+        """Collective: rank 0 broadcasts every bucket of ``version``; returns the bytes sent (0 on other ranks)."""
+        import torch
+
+        if not self._takes_part():
+            return 0
+        count, buckets = self._buckets(self.trainer.device)
+        member = getattr(self, "weight_member", None)
+        if member is None:  # ZeRO-3 ranks > 0: only the gathers
+            for _ in buckets:
+                pass
+            return 0
+        if self.cfg.model.engine != "vllm":
+            return member.send(version, count, buckets)
+        sent = 0  # vLLM's unpacked protocol: one broadcast per tensor, in weight_metas order
+        from ziprl.actors.weights import unpack
+
+        for metas, buf in buckets:
+            for t in unpack(metas, buf).values():
+                member.broadcast(t, src=0, stream=torch.cuda.current_stream())
+            sent += buf.numel()
+        return sent
+
+    def leave_weight_group(self) -> None:
+        self.weight_member = None
 
     def save_checkpoint(self, out_dir: str, data_position: dict[str, Any]) -> str:
         from ziprl.learner.checkpoint import save_checkpoint

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from ziprl.actors.weight_sync import WeightReceiver
 from ziprl.actors.weights import WeightRef
 from ziprl.config import ZipRLConfig, _from_dict
 from ziprl.env.trajectory import to_table
@@ -30,27 +31,56 @@ class RolloutWorker:
         self.actor_id = actor_id
         self.engine = make_engine(self.cfg.model, model_path)
         self.retriever = ServeRetrieverClient(retriever_handle)
+        self.weights = WeightReceiver(self.engine)
         self.batches = 0
 
     def update_weights(self, wref: WeightRef) -> int:
-        """Load a newer published policy version (between generation batches); returns the loaded version."""
-        if wref.version > self.engine.version:
-            self.engine.load_weights(ray.get(wref.ref), wref.version)
+        """Object store: load a newer pushed version (queued between generation batches); returns the version."""
+        with self.weights.lock:
+            return self.weights.from_object_store(wref)
+
+    @ray.method(concurrency_group="weights")
+    def join_weight_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float, bind: str) -> None:
+        """Collective: join the weight group of this rendezvous as ``rank`` (runs beside a generating batch)."""
+        self.weights.join(addr, port, rank, world, timeout_s, bind)
+
+    @ray.method(concurrency_group="weights")
+    def receive_weights(self, metas: list[tuple[str, str, list[int]]], version: int) -> int:
+        """Collective: receive one push (beside a generating batch); applied now if idle, else before the next batch."""
+        return self.weights.receive(metas, version)
+
+    @ray.method(concurrency_group="weights")
+    def leave_weight_group(self) -> None:
+        self.weights.member = None
+
+    def weights_version(self) -> int:
+        """The version the engine generates with."""
         return self.engine.version
 
-    def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | None = None) -> tuple[pa.Table, dict]:
-        """Roll out G trajectories per question with the newest weights; returns an Arrow table + stats."""
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | int | None = None
+                  ) -> tuple[pa.Table, dict]:
+        """Roll out G trajectories per question with the newest weights; returns an Arrow table + stats.
+
+        ``wref`` may be an object-store :class:`WeightRef` (loaded first when newer) or a version number (the
+        collective transport's weights arrive on their own; a version is only informative).
+        """
         from ziprl.env import SearchCompressEnv
         from ziprl.policy.rollout import rollout
 
-        if wref is not None:
+        if isinstance(wref, WeightRef):
             self.update_weights(wref)
         exs = [QAExample(**e) for e in examples]
-        tokens, secs, t0 = self.engine.tokens_generated, self.engine.generation_seconds, time.perf_counter()
-        trajs = rollout(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever, examples=exs),
-                        exs, self.cfg.sampling, group_size=self.cfg.rollout.group_size, seed=seed)
+        with self.weights.lock:  # weights received meanwhile wait; a batch never mixes versions
+            self.weights.apply_pending()
+            tokens, secs, t0 = self.engine.tokens_generated, self.engine.generation_seconds, time.perf_counter()
+            trajs = rollout(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever, examples=exs),
+                            exs, self.cfg.sampling, group_size=self.cfg.rollout.group_size, seed=seed)
+            version = self.engine.version
         self.batches += 1
-        stats = {"actor_id": self.actor_id, "pid": os.getpid(), "version": self.engine.version,
+        stats = {"actor_id": self.actor_id, "pid": os.getpid(), "version": version,
                  "tokens": self.engine.tokens_generated - tokens, "gen_seconds": self.engine.generation_seconds - secs,
                  "seconds": time.perf_counter() - t0}
         return to_table(trajs), stats
@@ -59,7 +89,8 @@ class RolloutWorker:
         return os.getpid()
 
 
-RolloutActor = ray.remote(max_restarts=-1, max_task_retries=0)(RolloutWorker)
+# "weights": collective receives run in their own thread, beside a generating batch
+RolloutActor = ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"weights": 1})(RolloutWorker)
 
 
 def example_dicts(examples: list[QAExample]) -> list[dict[str, Any]]:
