@@ -230,7 +230,7 @@ class ObjectStoreSync(WeightSync):
         acks = [a.update_weights.remote(self.latest) for a in self.actors]
         if wait:
             ray.get(acks)
-        self.version = version
+        self.version = max(self.version, version)
         return {"seconds": time.perf_counter() - t0, "bytes": float(self.latest.nbytes),
                 "put_seconds": self.latest.seconds}
 
@@ -273,7 +273,7 @@ class CollectiveSync(WeightSync):
         got = ray.get(recvs, timeout=self.cfg.weights.rendezvous_timeout_s + 30)
         if any(v < version for v in got):
             raise RuntimeError(f"weight push {version}: actors report versions {got}")
-        self.version = version
+        self.version = max(self.version, version)
         return {"seconds": time.perf_counter() - t0, "bytes": float(sent)}
 
     def rejoin(self, index: int, actor: Any) -> None:
