@@ -49,63 +49,63 @@ def _assert_same(learner, actors, version: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model_dir):
+def stack(tiny_model_dir):
+    """One learner rank and two bf16 rollout actors, shared by the tests (each builds its own WeightSync)."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     table = to_table(make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1, logprob_noise=0.3))
-    yield tiny_model_dir, ray.put([table])
+    cfg = _cfg("object_store", 1.0)
+    learner = LearnerGroup(cfg, ranks=1, cpus=0.5, gpus=0)
+    learner.call("build_trainer", str(tiny_model_dir))
+    actors = [RolloutActor.options(num_cpus=0.25).remote(cfg.to_dict(), str(tiny_model_dir), None, i, 1)
+              for i in range(2)]
+    state = {"version": 0}
+
+    def step() -> int:
+        """One learner step on a fixed batch (new weights); returns the next version to push."""
+        learner.call("train_step", ray.put([table]))
+        state["version"] += 1
+        return state["version"]
+
+    yield learner, actors, step
+    learner.shutdown()
     ray.shutdown()
 
 
-def _start(model_dir, cfg, n: int = 2):
-    learner = LearnerGroup(cfg, ranks=1, cpus=0.5, gpus=0)
-    learner.call("build_trainer", str(model_dir))
-    actors = [RolloutActor.options(num_cpus=0.25).remote(cfg.to_dict(), str(model_dir), None, i, 1) for i in range(n)]
-    return learner, actors
-
-
 @pytest.mark.parametrize(("transport", "bucket_mb"), [("object_store", 0.05), ("collective", 64.0)])
-def test_push_is_bit_exact_versioned_and_16_bit(setup, transport, bucket_mb):
-    model_dir, batch = setup
-    cfg = _cfg(transport, bucket_mb)
-    learner, actors = _start(model_dir, cfg)
-    sync = make_weight_sync(cfg, learner, actors)
+def test_push_is_bit_exact_versioned_and_16_bit(stack, transport, bucket_mb):
+    learner, actors, step = stack
+    sync = make_weight_sync(_cfg(transport, bucket_mb), learner, actors)
     try:
-        learner.call("train_step", batch)
-        stats = sync.push(1)
-        _assert_same(learner, actors, 1)
+        v = step()
+        stats = sync.push(v)
+        _assert_same(learner, actors, v)
         n16 = sum(t.numel() * 2 for t in _learner_bits(learner).values())
         assert stats["bytes"] == n16 and stats["seconds"] > 0  # 16 bits per weight, tied embedding once
 
         before = _learner_bits(learner)
-        learner.call("train_step", batch)  # new weights, pushed under an OLDER version tag: ignored
-        sync.push(0)
+        step()  # new weights, pushed under an OLDER version tag: ignored
+        sync.push(v - 1)
         for a in actors:
-            v, got = _actor_bits(a)
-            assert v == 1 and all(torch.equal(got[k], before[k]) for k in before)
-        sync.push(2)
-        _assert_same(learner, actors, 2)
+            got_v, got = _actor_bits(a)
+            assert got_v == v and all(torch.equal(got[k], before[k]) for k in before)
+        sync.push(v + 1)
+        _assert_same(learner, actors, v + 1)
     finally:
         sync.close()
-        learner.shutdown()
-        for a in actors:
-            ray.kill(a)
 
 
-def test_a_restarted_actor_rejoins_the_collective_group(setup):
-    model_dir, batch = setup
-    cfg = _cfg("collective", 0.5)  # several buckets
-    learner, actors = _start(model_dir, cfg)
-    sync = make_weight_sync(cfg, learner, actors)
+def test_a_restarted_actor_rejoins_the_collective_group(stack):
+    learner, actors, step = stack
+    sync = make_weight_sync(_cfg("collective", 0.5), learner, actors)  # several buckets
     try:
-        learner.call("train_step", batch)
-        sync.push(1)
+        v = step()
+        sync.push(v)
         old_pid = ray.get(actors[0].pid.remote())
         ray.kill(actors[0], no_restart=False)  # a crash: Ray restarts it (max_restarts=-1) from the checkpoint
         deadline = time.monotonic() + 120
         while True:
             try:
-                pid = ray.get(actors[0].pid.remote(), timeout=30)
-                if pid != old_pid:
+                if ray.get(actors[0].pid.remote(), timeout=30) != old_pid:
                     break
             except ray.exceptions.RayActorError:
                 pass
@@ -113,15 +113,12 @@ def test_a_restarted_actor_rejoins_the_collective_group(setup):
             time.sleep(0.5)
         assert _actor_bits(actors[0])[0] == 0  # a fresh process: the initial weights
         sync.rejoin(0, actors[0])  # new group, the latest version re-sent
-        _assert_same(learner, actors, 1)
-        learner.call("train_step", batch)
-        sync.push(2)  # and the next push reaches everyone
-        _assert_same(learner, actors, 2)
+        _assert_same(learner, actors, v)
+        v = step()
+        sync.push(v)  # and the next push reaches everyone
+        _assert_same(learner, actors, v)
     finally:
         sync.close()
-        learner.shutdown()
-        for a in actors:
-            ray.kill(a)
 
 
 def test_weights_config_is_validated():

@@ -77,16 +77,23 @@ class LearnerWorker:
 
     # ------------------------------------------------------------------ weight pushes (ziprl.actors.weight_sync)
 
-    def _buckets(self, device: Any) -> tuple[int, Any]:
+    def _plan(self, bucket_mb: float | None) -> tuple[list, list]:
+        """(unique named parameters, bucket plan) in the engines' dtype; ``bucket_mb`` None = the config's."""
+        from ziprl.actors.weights import plan_for, unique_named_tensors
+
+        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
+        mb = self.cfg.weights.bucket_mb if bucket_mb is None else bucket_mb
+        return named, plan_for(named, self.cfg.model.dtype, int(mb * 2**20))
+
+    def _buckets(self, device: Any, bucket_mb: float | None) -> tuple[int, Any]:
         """(bucket count, iterator of (metas, packed buffer)) of the current weights in the engines' dtype.
 
         Under ZeRO-3 every rank takes part in gathering one bucket's parameters at a time; only rank 0 packs.
         """
-        from ziprl.actors.weights import iter_packed, plan_for, unique_named_tensors
+        from ziprl.actors.weights import iter_packed
         from ziprl.learner.distributed import rank
 
-        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
-        plan = plan_for(named, self.cfg.model.dtype, int(self.cfg.weights.bucket_mb * 2**20))
+        named, plan = self._plan(bucket_mb)
         gather = lambda params: self.trainer.gathered(params=params)  # noqa: E731
         return len(plan), iter_packed(named, plan, gather, device, sender=rank() == 0)
 
@@ -95,15 +102,12 @@ class LearnerWorker:
 
         return rank() == 0 or self.trainer.zero_stage == 3
 
-    def weight_metas(self) -> list[tuple[str, str, list[int]]]:
+    def weight_metas(self, bucket_mb: float | None = None) -> list[tuple[str, str, list[int]]]:
         """(name, wire dtype, shape) of every tensor a push sends, in order (what a vLLM receiver is told)."""
-        from ziprl.actors.weights import plan_for, unique_named_tensors
-
-        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
-        plan = plan_for(named, self.cfg.model.dtype, int(self.cfg.weights.bucket_mb * 2**20))
+        _, plan = self._plan(bucket_mb)
         return [(m.name, m.dtype, list(m.shape)) for metas in plan for m in metas]
 
-    def publish(self, version: int | None = None) -> WeightRef | None:
+    def publish(self, version: int | None = None, bucket_mb: float | None = None) -> WeightRef | None:
         """Object store: rank 0 ``ray.put`` s the buckets of ``version`` (default: the policy version) as numpy
         uint8 buffers; returns their :class:`WeightRef` (None on other ranks)."""
         from ziprl.actors.weights import Bucket
@@ -112,7 +116,7 @@ class LearnerWorker:
             return None
         version = self.trainer.policy_version if version is None else version
         t0, refs, nbytes = time.perf_counter(), [], 0
-        count, buckets = self._buckets("cpu")
+        count, buckets = self._buckets("cpu", bucket_mb)
         for i, (metas, buf) in enumerate(buckets):
             if buf is not None:
                 data = buf.numpy()
@@ -137,13 +141,13 @@ class LearnerWorker:
         else:
             self.weight_member = GroupMember(addr, port, 0, world, timeout_s, bind, self.trainer.device)
 
-    def broadcast_weights(self, version: int) -> int:
+    def broadcast_weights(self, version: int, bucket_mb: float | None = None) -> int:
         """Collective: rank 0 broadcasts every bucket of ``version``; returns the bytes sent (0 on other ranks)."""
         import torch
 
         if not self._takes_part():
             return 0
-        count, buckets = self._buckets(self.trainer.device)
+        count, buckets = self._buckets(self.trainer.device, bucket_mb)
         member = getattr(self, "weight_member", None)
         if member is None:  # ZeRO-3 ranks > 0: only the gathers
             for _ in buckets:

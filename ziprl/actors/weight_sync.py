@@ -226,7 +226,7 @@ class ObjectStoreSync(WeightSync):
         applied it (``wait``) or will apply it before its next generation batch (its task queue is in order).
         """
         t0 = time.perf_counter()
-        self.latest = ray.get(self._learner("publish", version))[0]
+        self.latest = ray.get(self._learner("publish", version, self.cfg.weights.bucket_mb))[0]
         acks = [a.update_weights.remote(self.latest) for a in self.actors]
         if wait:
             ray.get(acks)
@@ -267,9 +267,9 @@ class CollectiveSync(WeightSync):
         it, busy ones apply it before their next generation batch. ``wait`` is always true here (a broadcast
         completes on every member together)."""
         t0 = time.perf_counter()
-        metas = ray.get(self.learner.actors[0].weight_metas.remote())
+        metas = ray.get(self.learner.actors[0].weight_metas.remote(self.cfg.weights.bucket_mb))
         recvs = [a.receive_weights.remote(metas, version) for a in self.actors]
-        sent = ray.get(self._learner("broadcast_weights", version))[0]
+        sent = ray.get(self._learner("broadcast_weights", version, self.cfg.weights.bucket_mb))[0]
         got = ray.get(recvs, timeout=self.cfg.weights.rendezvous_timeout_s + 30)
         if any(v < version for v in got):
             raise RuntimeError(f"weight push {version}: actors report versions {got}")
