@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -21,14 +20,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ziprl.actors.weights import WeightRef
+from ziprl.actors.weight_sync import SendsWeights, WeightSource
 from ziprl.config import ConfigError, ZipRLConfig, _from_dict
 from ziprl.env.trajectory import from_table
 
 PLACEMENT_TIMEOUT_S = 300
 
 
-class LearnerWorker:
+class LearnerWorker(SendsWeights):
     """One learner rank (a plain Python body; :data:`LearnerActor` is its Ray actor)."""
 
     def __init__(self, cfg: dict[str, Any], num_threads: int = 1):
@@ -75,97 +74,13 @@ class LearnerWorker:
         """One optimiser step of GRPO + HRR over the given groups of trajectories."""
         return self.trainer.train_step([t for table in tables for t in from_table(table)])
 
-    # ------------------------------------------------------------------ weight pushes (ziprl.actors.weight_sync)
-
-    def _plan(self, bucket_mb: float | None) -> tuple[list, list]:
-        """(unique named parameters, bucket plan) in the engines' dtype; ``bucket_mb`` None = the config's."""
-        from ziprl.actors.weights import plan_for, unique_named_tensors
-
-        named = unique_named_tensors(self.trainer.engine.module.named_parameters())
-        mb = self.cfg.weights.bucket_mb if bucket_mb is None else bucket_mb
-        return named, plan_for(named, self.cfg.model.dtype, int(mb * 2**20))
-
-    def _buckets(self, device: Any, bucket_mb: float | None) -> tuple[int, Any]:
-        """(bucket count, iterator of (metas, packed buffer)) of the current weights in the engines' dtype.
-
-        Under ZeRO-3 every rank takes part in gathering one bucket's parameters at a time; only rank 0 packs.
-        """
-        from ziprl.actors.weights import iter_packed
+    def weight_source(self) -> WeightSource:
+        """The policy's parameters for :class:`~ziprl.actors.weight_sync.SendsWeights` (ZeRO-3: gathered per bucket)."""
         from ziprl.learner.distributed import rank
 
-        named, plan = self._plan(bucket_mb)
-        gather = lambda params: self.trainer.gathered(params=params)  # noqa: E731
-        return len(plan), iter_packed(named, plan, gather, device, sender=rank() == 0)
-
-    def _takes_part(self) -> bool:
-        from ziprl.learner.distributed import rank
-
-        return rank() == 0 or self.trainer.zero_stage == 3
-
-    def weight_metas(self, bucket_mb: float | None = None) -> list[tuple[str, str, list[int]]]:
-        """(name, wire dtype, shape) of every tensor a push sends, in order (what a vLLM receiver is told)."""
-        _, plan = self._plan(bucket_mb)
-        return [(m.name, m.dtype, list(m.shape)) for metas in plan for m in metas]
-
-    def publish(self, version: int | None = None, bucket_mb: float | None = None) -> WeightRef | None:
-        """Object store: rank 0 ``ray.put`` s the buckets of ``version`` (default: the policy version) as numpy
-        uint8 buffers; returns their :class:`WeightRef` (None on other ranks)."""
-        from ziprl.actors.weights import Bucket
-
-        if not self._takes_part():
-            return None
-        version = self.trainer.policy_version if version is None else version
-        t0, refs, nbytes = time.perf_counter(), [], 0
-        count, buckets = self._buckets("cpu", bucket_mb)
-        for i, (metas, buf) in enumerate(buckets):
-            if buf is not None:
-                data = buf.numpy()
-                refs.append(ray.put(Bucket(version, i, count, metas, data)))
-                nbytes += data.nbytes
-        if not refs:
-            return None
-        return WeightRef(version, tuple(refs), time.perf_counter() - t0, nbytes)
-
-    def join_weight_group(self, addr: str, port: int, world: int, timeout_s: float, bind: str) -> None:
-        """Rank 0 hosts the rendezvous and joins the weight group as its rank 0 (other ranks: nothing)."""
-        from ziprl.actors.weight_sync import GroupMember
-        from ziprl.learner.distributed import rank
-
-        self.leave_weight_group()
-        if rank() != 0:
-            return
-        if self.cfg.model.engine == "vllm":  # vLLM's own NCCL communicator (its workers' receiving end)
-            from vllm.distributed.weight_transfer.nccl_common import trainer_init
-
-            self.weight_member = trainer_init({"master_address": addr, "master_port": port, "world_size": world})
-        else:
-            self.weight_member = GroupMember(addr, port, 0, world, timeout_s, bind, self.trainer.device)
-
-    def broadcast_weights(self, version: int, bucket_mb: float | None = None) -> int:
-        """Collective: rank 0 broadcasts every bucket of ``version``; returns the bytes sent (0 on other ranks)."""
-        import torch
-
-        if not self._takes_part():
-            return 0
-        count, buckets = self._buckets(self.trainer.device, bucket_mb)
-        member = getattr(self, "weight_member", None)
-        if member is None:  # ZeRO-3 ranks > 0: only the gathers
-            for _ in buckets:
-                pass
-            return 0
-        if self.cfg.model.engine != "vllm":
-            return member.send(version, count, buckets)
-        sent = 0  # vLLM's unpacked protocol: one broadcast per tensor, in weight_metas order
-        from ziprl.actors.weights import unpack
-
-        for metas, buf in buckets:
-            for t in unpack(metas, buf).values():
-                member.broadcast(t, src=0, stream=torch.cuda.current_stream())
-            sent += buf.numel()
-        return sent
-
-    def leave_weight_group(self) -> None:
-        self.weight_member = None
+        t = self.trainer
+        return WeightSource(list(t.engine.module.named_parameters()), lambda ps: t.gathered(params=ps), t.device,
+                            rank(), t.zero_stage == 3, t.policy_version)
 
     def save_checkpoint(self, out_dir: str, data_position: dict[str, Any]) -> str:
         from ziprl.learner.checkpoint import save_checkpoint

@@ -10,14 +10,14 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from ziprl.actors.weight_sync import WeightReceiver
+from ziprl.actors.weight_sync import ReceivesWeights, WeightReceiver
 from ziprl.actors.weights import WeightRef
 from ziprl.config import ZipRLConfig, _from_dict
 from ziprl.env.trajectory import to_table
 from ziprl.env.types import QAExample
 
 
-class RolloutWorker:
+class RolloutWorker(ReceivesWeights):
     """Plain-Python body of the rollout actor (constructed inside the Ray worker process)."""
 
     def __init__(self, cfg: dict[str, Any], model_path: str, retriever_handle: Any, actor_id: int, num_threads: int = 1):
@@ -33,32 +33,6 @@ class RolloutWorker:
         self.retriever = ServeRetrieverClient(retriever_handle)
         self.weights = WeightReceiver(self.engine)
         self.batches = 0
-
-    def update_weights(self, wref: WeightRef) -> int:
-        """Object store: load a newer pushed version (queued between generation batches); returns the version."""
-        with self.weights.lock:
-            return self.weights.from_object_store(wref)
-
-    @ray.method(concurrency_group="weights")
-    def join_weight_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float, bind: str) -> None:
-        """Collective: join the weight group of this rendezvous as ``rank`` (runs beside a generating batch)."""
-        self.weights.join(addr, port, rank, world, timeout_s, bind)
-
-    @ray.method(concurrency_group="weights")
-    def receive_weights(self, metas: list[tuple[str, str, list[int]]], version: int) -> int:
-        """Collective: receive one push (beside a generating batch); applied now if idle, else before the next batch."""
-        return self.weights.receive(metas, version)
-
-    @ray.method(concurrency_group="weights")
-    def leave_weight_group(self) -> None:
-        self.weights.member = None
-
-    def weights_version(self) -> int:
-        """The version the engine generates with."""
-        return self.engine.version
-
-    def node_ip(self) -> str:
-        return ray.util.get_node_ip_address()
 
     def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | int | None = None
                   ) -> tuple[pa.Table, dict]:

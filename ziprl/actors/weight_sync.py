@@ -32,13 +32,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import ray
 
-from ziprl.actors.weights import Bucket, TensorMeta, WeightRef, unpack
+from ziprl.actors.weights import (
+    Bucket,
+    TensorMeta,
+    WeightRef,
+    iter_packed,
+    plan_for,
+    unique_named_tensors,
+    unpack,
+)
 from ziprl.config import ZipRLConfig
 
 TRANSPORTS = ("object_store", "collective")
@@ -188,6 +198,142 @@ class WeightReceiver:
             pending, self._pending = self._pending, None
         if pending is not None and pending[0] > self.engine.version:
             self.engine.load_weights(pending[1], pending[0])
+
+
+class ReceivesWeights:
+    """The Ray methods of a rollout actor's end (mixed into RolloutWorker); needs ``self.weights``. Actors
+    using it are created with ``concurrency_groups={"weights": 1}``: collective receives run in that thread."""
+
+    weights: WeightReceiver
+
+    def update_weights(self, wref: WeightRef) -> int:
+        """Object store: load a newer pushed version (queued between generation batches); returns the version."""
+        with self.weights.lock:
+            return self.weights.from_object_store(wref)
+
+    @ray.method(concurrency_group="weights")
+    def join_weight_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float, bind: str) -> None:
+        """Collective: join the weight group of this rendezvous as ``rank`` (runs beside a generating batch)."""
+        self.weights.join(addr, port, rank, world, timeout_s, bind)
+
+    @ray.method(concurrency_group="weights")
+    def receive_weights(self, metas: list[tuple[str, str, list[int]]], version: int) -> int:
+        """Collective: receive one push (beside a generating batch); applied now if idle, else before the next batch."""
+        return self.weights.receive(metas, version)
+
+    @ray.method(concurrency_group="weights")
+    def leave_weight_group(self) -> None:
+        self.weights.member = None
+
+    def weights_version(self) -> int:
+        """The version the engine generates with."""
+        return self.weights.engine.version
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+
+# ----------------------------------------------------------------------------- the learner's end
+
+
+@dataclass
+class WeightSource:
+    """What a sender pushes: named parameters (possibly ZeRO-3 partitions) and how to make them whole."""
+
+    named: list[tuple[str, Any]]
+    gather: Callable[[list[Any]], AbstractContextManager]  # whole inside (ZeRO-3), else a no-op
+    device: Any  # where buckets are packed for the collective (CUDA: NCCL)
+    rank: int  # the learner rank of this process; rank 0 sends
+    all_ranks_gather: bool  # ZeRO-3: every rank must take part in the gathers
+    version: int  # the policy version (publish's default tag)
+
+
+class SendsWeights:
+    """The learner rank's end of both transports (mixed into LearnerWorker). Needs ``self.cfg`` (its
+    ``model.dtype`` is the engines' dtype, hence the wire dtype) and :meth:`weight_source`."""
+
+    cfg: ZipRLConfig
+    weight_member: Any = None
+
+    def weight_source(self) -> WeightSource:
+        raise NotImplementedError
+
+    def _plan(self, bucket_mb: float | None) -> tuple[WeightSource, list, list]:
+        """(source, unique named parameters, bucket plan); ``bucket_mb`` None = the config's."""
+        src = self.weight_source()
+        named = unique_named_tensors(src.named)
+        mb = self.cfg.weights.bucket_mb if bucket_mb is None else bucket_mb
+        return src, named, plan_for(named, self.cfg.model.dtype, int(mb * 2**20))
+
+    def _buckets(self, pack_on_device: bool, bucket_mb: float | None) -> tuple[WeightSource, int, Iterator]:
+        """(source, bucket count, iterator of (metas, packed buffer or None)): only rank 0 packs; under ZeRO-3
+        every rank takes part in gathering one bucket's parameters at a time."""
+        src, named, plan = self._plan(bucket_mb)
+        device = src.device if pack_on_device else "cpu"
+        return src, len(plan), iter_packed(named, plan, src.gather, device, sender=src.rank == 0)
+
+    def _takes_part(self) -> bool:
+        src = self.weight_source()
+        return src.rank == 0 or src.all_ranks_gather
+
+    def weight_metas(self, bucket_mb: float | None = None) -> list[tuple[str, str, list[int]]]:
+        """(name, wire dtype, shape) of every tensor a push sends, in order (what a vLLM receiver is told)."""
+        _, _, plan = self._plan(bucket_mb)
+        return [(m.name, m.dtype, list(m.shape)) for metas in plan for m in metas]
+
+    def publish(self, version: int | None = None, bucket_mb: float | None = None) -> WeightRef | None:
+        """Object store: rank 0 ``ray.put`` s the buckets of ``version`` (default: the policy version) as numpy
+        uint8 buffers; returns their :class:`WeightRef` (None on other ranks)."""
+        if not self._takes_part():
+            return None
+        t0, refs, nbytes = time.perf_counter(), [], 0
+        src, count, buckets = self._buckets(False, bucket_mb)
+        version = src.version if version is None else version
+        for i, (metas, buf) in enumerate(buckets):
+            if buf is not None:
+                data = buf.numpy()
+                refs.append(ray.put(Bucket(version, i, count, metas, data)))
+                nbytes += data.nbytes
+        if not refs:
+            return None
+        return WeightRef(version, tuple(refs), time.perf_counter() - t0, nbytes)
+
+    def join_weight_group(self, addr: str, port: int, world: int, timeout_s: float, bind: str) -> None:
+        """Rank 0 hosts the rendezvous and joins the weight group as its rank 0 (other ranks: nothing)."""
+        self.weight_member = None
+        src = self.weight_source()
+        if src.rank != 0:
+            return
+        if self.cfg.model.engine == "vllm":  # vLLM's own NCCL communicator (its workers' receiving end)
+            from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+            self.weight_member = trainer_init({"master_address": addr, "master_port": port, "world_size": world})
+        else:
+            self.weight_member = GroupMember(addr, port, 0, world, timeout_s, bind, src.device)
+
+    def broadcast_weights(self, version: int, bucket_mb: float | None = None) -> int:
+        """Collective: rank 0 broadcasts every bucket of ``version``; returns the bytes sent (0 on other ranks)."""
+        import torch
+
+        if not self._takes_part():
+            return 0
+        _, count, buckets = self._buckets(True, bucket_mb)
+        member = self.weight_member
+        if member is None:  # ZeRO-3 ranks > 0: only the gathers
+            for _ in buckets:
+                pass
+            return 0
+        if self.cfg.model.engine != "vllm":
+            return member.send(version, count, buckets)
+        sent = 0  # vLLM's unpacked protocol: one broadcast per tensor, in weight_metas order
+        for metas, buf in buckets:
+            for t in unpack(metas, buf).values():
+                member.broadcast(t, src=0, stream=torch.cuda.current_stream())
+            sent += buf.numel()
+        return sent
+
+    def leave_weight_group(self) -> None:
+        self.weight_member = None
 
 
 # ----------------------------------------------------------------------------- the driver's end
