@@ -58,14 +58,14 @@ def n_params(size: str) -> int:
     return sum(int(torch.Size(s).numel()) for s in model_shapes(size).values())
 
 
-class SyntheticLearner(LearnerWorker):
-    """The learner actor with synthetic weights instead of a trainer (tied embeddings: sent once)."""
+class FixedWeightsLearner(LearnerWorker):
+    """The learner actor with given (``named``) or synthetic (``size``, ``dtype``) weights instead of a trainer."""
 
-    def __init__(self, cfg: dict, size: str, dtype: str):
+    def __init__(self, cfg: dict, named: list | None = None, size: str = "0.1B", dtype: str = "bfloat16"):
         super().__init__(cfg)
         torch.set_num_threads(1)
-        self.named = [(n, torch.full(s, 1e-3 * i, dtype=getattr(torch, dtype)))
-                      for i, (n, s) in enumerate(model_shapes(size).items())]
+        self.named = named if named is not None else [
+            (n, torch.full(s, 1e-3 * i, dtype=getattr(torch, dtype))) for i, (n, s) in enumerate(model_shapes(size).items())]
 
     def weight_source(self) -> WeightSource:
         return WeightSource(self.named, lambda ps: contextlib.nullcontext(), "cpu", 0, False, 0)
@@ -98,7 +98,7 @@ def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: fl
     cfg = ZipRLConfig()
     cfg.model.dtype = dtype
     cfg.weights.transport, cfg.weights.bucket_mb, cfg.weights.rendezvous_timeout_s = transport, bucket_mb, 600
-    learner = ray.remote(num_cpus=0.5)(SyntheticLearner).remote(cfg.to_dict(), size, dtype)
+    learner = ray.remote(num_cpus=0.5)(FixedWeightsLearner).remote(cfg.to_dict(), size=size, dtype=dtype)
     sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(Sink).remote() for _ in range(receivers)]
     ray.get([learner.node_ip.remote(), *[s.node_ip.remote() for s in sinks]])
     t0 = time.perf_counter()
@@ -165,16 +165,20 @@ def main() -> None:
     args = ap.parse_args()
     sizes, receivers = args.sizes.split(","), [int(n) for n in args.receivers.split(",")]
     plan = [(s, t, n, "bfloat16") for s in sizes for t in args.transports.split(",") for n in receivers]
-    plan += [("0.5B", "object_store", 1, "float32")]  # the old path's bytes: bf16 widened to float32
+    base = min(sizes, key=n_params)
+    plan += [(base, "object_store", 1, "float32")]  # the previous path's bytes: bf16 widened to float32
     load_before = os.getloadavg()[0]
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=int(8e9))
-    rows, skipped = [], []
-    for size, transport, n, dtype in tqdm(plan, desc="weight_sync", unit="setting"):
+    rows, skipped, runnable = [], [], []
+    for size, transport, n, dtype in plan:
         gb = n_params(size) * (2 if dtype == "bfloat16" else 4) / 1e9
         need = gb * (1 + (n if transport == "collective" else 1))  # object store: one shared copy
         if need > args.max_gb:
-            skipped.append(f"{size} {transport} x{n}: needs ~{need:.0f} GB (> --max-gb {args.max_gb:g})")
-            continue
+            skipped.append(f"{size} {transport} x{n} {dtype}: needs ~{need:.1f} GB (> --max-gb {args.max_gb:g})")
+        else:
+            runnable.append((size, transport, n, dtype, gb))
+    store = max(gb for *_, gb in runnable) * 2.5e9 + 5e8  # two versions in flight
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=int(store))
+    for size, transport, n, dtype, gb in tqdm(runnable, desc="weight_sync", unit="setting"):
         rows.append(measure(size, transport, n, dtype, args.bucket_mb, args.repeats if gb < 2 else 2))
         tqdm.write(str(rows[-1]))
     ray.shutdown()
@@ -184,7 +188,7 @@ def main() -> None:
         if one is not None:
             r["over_1_receiver"] = round(r["warm_s"] / one["warm_s"], 3)
     fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
-    bf16 = next((r for r in rows if r["dtype"] == "bfloat16" and r["params"] == "0.5B"
+    bf16 = next((r for r in rows if r["dtype"] == "bfloat16" and r["params"] == base
                  and r["transport"] == "object_store" and r["receivers"] == 1), None)
     meta = {"bucket_mb": args.bucket_mb, "ray": ray.__version__, "torch": torch.__version__, "skipped": skipped,
             "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
