@@ -95,8 +95,11 @@ def test_push_is_bit_exact_versioned_and_16_bit(stack, transport, bucket_mb):
 
 
 def test_a_restarted_actor_rejoins_the_collective_group(stack):
+    """Rejoin after a reported crash; and a push that meets an unreported crash forms the group again."""
     learner, actors, step = stack
-    sync = make_weight_sync(_cfg("collective", 0.5), learner, actors)  # several buckets
+    cfg = _cfg("collective", 0.5)  # several buckets
+    cfg.weights.rendezvous_timeout_s = 15  # how long survivors wait in a broken broadcast
+    sync = make_weight_sync(cfg, learner, actors)
     try:
         v = step()
         sync.push(v)
@@ -116,6 +119,11 @@ def test_a_restarted_actor_rejoins_the_collective_group(stack):
         _assert_same(learner, actors, v)
         v = step()
         sync.push(v)  # and the next push reaches everyone
+        _assert_same(learner, actors, v)
+
+        ray.kill(actors[1], no_restart=False)  # a crash nobody reported: the push re-forms the group itself
+        v = step()
+        sync.push(v)
         _assert_same(learner, actors, v)
     finally:
         sync.close()

@@ -30,6 +30,7 @@ the other actors ignore a version they already hold.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayError
 
 from ziprl.actors.weights import (
     Bucket,
@@ -350,7 +352,8 @@ class WeightSync:
         """Start ``method`` on every learner rank (ZeRO-3 gathers need all); refs, rank 0's first."""
         return [getattr(a, method).remote(*args) for a in self.learner.actors]
 
-    def push(self, version: int, wait: bool = True) -> dict[str, float]:
+    def push(self, version: int, wait: bool = False) -> dict[str, float]:
+        """Send the learner's current weights, tagged ``version``, to every actor; {"seconds", "bytes"}."""
         raise NotImplementedError
 
     def rejoin(self, index: int, actor: Any) -> None:
@@ -367,10 +370,10 @@ class ObjectStoreSync(WeightSync):
         super().__init__(cfg, learner, actors)
         self.latest: WeightRef | None = None
 
-    def push(self, version: int, wait: bool = True) -> dict[str, float]:
-        """Put ``version``'s buckets and send every actor the ref. After it returns every live actor has
-        applied it (``wait``) or will apply it before its next generation batch (its task queue is in order).
-        """
+    def push(self, version: int, wait: bool = False) -> dict[str, float]:
+        """Put ``version``'s buckets and send every actor the ref. After it returns every live actor will apply
+        it before its next generation batch (its task queue is in order; a busy actor is not waited for), or,
+        with ``wait``, has applied it. ``bytes`` is what was put once, whatever the number of actors."""
         t0 = time.perf_counter()
         self.latest = ray.get(self._learner("publish", version, self.cfg.weights.bucket_mb))[0]
         acks = [a.update_weights.remote(self.latest) for a in self.actors]
@@ -398,7 +401,7 @@ class CollectiveSync(WeightSync):
     def form(self) -> None:
         """Form a new group (a fresh rendezvous): learner rank 0 is rank 0, actor i is rank i + 1."""
         self.generation += 1
-        ips = ray.get([self.learner.actors[0].node_ip.remote(), *[a.node_ip.remote() for a in self.actors]])
+        ips = [ray.get(self.learner.actors[0].node_ip.remote()), *[self._alive_ip(a) for a in self.actors]]
         loopback = len(set(ips)) == 1
         addr = "127.0.0.1" if loopback else ips[0]
         port = ray.get(self.learner.actors[0].free_port.remote(loopback))
@@ -408,10 +411,30 @@ class CollectiveSync(WeightSync):
         joins += self._learner("join_weight_group", addr, port, world, timeout, addr)
         ray.get(joins, timeout=timeout + 30)
 
-    def push(self, version: int, wait: bool = True) -> dict[str, float]:
-        """Broadcast ``version``. After it returns every live actor has received it: idle actors have applied
-        it, busy ones apply it before their next generation batch. ``wait`` is always true here (a broadcast
-        completes on every member together)."""
+    def _alive_ip(self, actor: Any) -> str:
+        """The actor's node IP, once it is up (a restarting actor answers ActorUnavailableError meanwhile)."""
+        deadline = time.monotonic() + self.cfg.weights.rendezvous_timeout_s + 300  # a restart reloads the model
+        while True:
+            try:
+                return ray.get(actor.node_ip.remote())
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def push(self, version: int, wait: bool = False) -> dict[str, float]:
+        """Broadcast ``version``. After it returns every actor has received it: idle actors have applied it,
+        busy ones apply it before their next generation batch (``wait`` changes nothing: a broadcast completes
+        on every member together). If a member died (Ray restarts it, as a new process outside the group),
+        the group is formed again and the push sent once more; that costs up to
+        ``weights.rendezvous_timeout_s``, while the survivors' receives time out."""
+        try:
+            return self._push(version)
+        except (RayError, RuntimeError):
+            self.form()
+            return self._push(version)
+
+    def _push(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         metas = ray.get(self.learner.actors[0].weight_metas.remote(self.cfg.weights.bucket_mb))
         recvs = [a.receive_weights.remote(metas, version) for a in self.actors]
@@ -430,7 +453,10 @@ class CollectiveSync(WeightSync):
             self.push(self.version)
 
     def close(self) -> None:
-        ray.get([a.leave_weight_group.remote() for a in self.actors] + self._learner("leave_weight_group"))
+        """Every member leaves the group (best effort: a dead actor has nothing to leave)."""
+        for ref in [a.leave_weight_group.remote() for a in self.actors] + self._learner("leave_weight_group"):
+            with contextlib.suppress(RayError):
+                ray.get(ref)
 
 
 def make_weight_sync(cfg: ZipRLConfig, learner: Any, actors: list[Any]) -> WeightSync:
