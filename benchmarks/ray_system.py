@@ -205,7 +205,7 @@ def main() -> None:
     ap.add_argument("--retriever-cpus", type=float, default=float(cores),
                     help="CPUs (= encoder threads) of the replica; default: as many as the in-process run uses")
     ap.add_argument("--real-model", action="store_true", help="push the real SmolLM2-135M weights")
-    ap.add_argument("--max-actors", type=int, default=4)
+    ap.add_argument("--max-actors", type=int, default=4, help="(b) pushes to 1 and to this many actors")
     ap.add_argument("--parts", default="abc", help="which measurements: a (retrieval), b (push), c (rollouts)")
     args = ap.parse_args()
 
@@ -219,7 +219,7 @@ def main() -> None:
 
         model_path = str(resolve_model_path(ModelConfig()))
         for transport in ("object_store", "collective"):
-            push = [weight_push(sd, n, model_path, transport) for n in range(1, args.max_actors + 1)]
+            push = [weight_push(sd, n, model_path, transport) for n in sorted({1, args.max_actors})]
             for r in push:
                 r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
             rows += push
