@@ -22,6 +22,14 @@ transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod
   ``NCCLTrainerWeightTransferEngine`` does unpacked); that receive blocks the actor until its running batch
   ends (vLLM's engine is driven by one thread).
 
+Driver wiring::
+
+    sync = make_weight_sync(cfg, learner_group, rollout_actors)   # once, after the actors are created
+    stats = sync.push(version)       # after each step (and after a resume): {"seconds", "bytes"}
+    actor.run_batch.remote(examples, seed, version)                # the weights are already on their way
+    sync.rejoin(i, actors[i])        # after a RayActorError from actor i (Ray restarted it)
+    sync.close()                     # at the end
+
 A group has a fixed membership. When Ray restarts a crashed rollout actor (a new process, no member of
 the group), :meth:`WeightSync.rejoin` forms a NEW group (new rendezvous port, every member joins again;
 the old group is dropped) and re-sends the latest version, so the restarted actor catches up at once;
