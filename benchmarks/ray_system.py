@@ -4,8 +4,10 @@
 
 Goals: (a) Serve >= 0.8x in-process queries/s at batch >= 16 (one replica with as many CPUs as the
 in-process run has threads); (b) warm push to N actors <= 1.3x the push to 1 actor, and warm push
-<= 1 s, for a 135M-parameter float32 state dict (~540 MB), applied by each actor's real HFEngine;
-(c) rollout tokens/s with 2 actors >= 1.6x one actor.
+<= 1 s, for a 135M-parameter float32 state dict (~540 MB; the CPU default engine runs in float32, so it
+travels in float32), over the driver's path (``make_weight_sync``, both transports) from the learner actor
+class to rollout-actor-class receivers whose real HFEngine applies it; (c) rollout tokens/s with 2 actors
+>= 1.6x one actor.
 Results go to benchmarks/results/ray_system.{json,md}.
 """
 
@@ -18,17 +20,20 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
+from weight_sync import FixedWeightsLearner  # noqa: E402
 
 from ziprl.actors.ray_utils import init_ray  # noqa: E402
+from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
 from ziprl.actors.serve_retriever import ServeRetrieverClient, deploy_retriever  # noqa: E402
-from ziprl.actors.weights import WeightPublisher, WeightRef  # noqa: E402
-from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
+from ziprl.actors.weight_sync import WeightReceiver, make_weight_sync  # noqa: E402
+from ziprl.config import RayConfig, RetrieverConfig, ZipRLConfig  # noqa: E402
 
 BATCHES = (1, 16, 64)
 K = 5
@@ -51,11 +56,11 @@ def smollm2_135m_shapes() -> dict[str, tuple[int, ...]]:
 def state_dict_135m(real_model: bool) -> tuple[dict[str, np.ndarray], str]:
     """The real SmolLM2-135M float32 weights (``--real-model``) or random arrays of the same shapes."""
     if real_model:
-        from ziprl.actors.weights import state_dict_to_numpy
         from ziprl.config import ModelConfig
         from ziprl.policy.models import load_model, resolve_model_path
 
-        return state_dict_to_numpy(load_model(resolve_model_path(ModelConfig()))), "SmolLM2-135M-Instruct"
+        model = load_model(resolve_model_path(ModelConfig()))
+        return {k: v.detach().numpy() for k, v in model.named_parameters()}, "SmolLM2-135M-Instruct"
     rng = np.random.default_rng(0)
     return {k: rng.standard_normal(s, dtype=np.float32) for k, s in smollm2_135m_shapes().items()}, "random, SmolLM2-135M shapes"
 
@@ -110,9 +115,8 @@ def retrieval_throughput(retriever_cfg: RetrieverConfig, cpus: float, total: int
     return rows
 
 
-@ray.remote(num_cpus=0.25)
-class WeightSink:
-    """A stand-in rollout actor: the real engine, applying pushes the way RolloutActor does."""
+class EngineSink(RolloutWorker):
+    """The rollout actor class with its real engine (no retriever): applies pushes the way RolloutActor does."""
 
     def __init__(self, model_path: str):
         import torch
@@ -121,14 +125,8 @@ class WeightSink:
 
         torch.set_num_threads(1)
         self.engine = HFEngine(model_path, device="cpu")
+        self.weights = WeightReceiver(self.engine)
         self.ids = torch.ones(1, 16, dtype=torch.long)
-
-    def ready(self) -> bool:
-        return True
-
-    def update_weights(self, wr: WeightRef) -> int:
-        self.engine.load_weights(ray.get(wr.ref), wr.version)
-        return wr.version
 
     def forward_s(self) -> float:
         """Seconds of one 16-token forward pass; right after a push it includes touching the new weights."""
@@ -140,27 +138,35 @@ class WeightSink:
         return time.perf_counter() - start
 
 
-def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str, repeats: int = 7) -> dict:
-    """(b) seconds from publish until every (started) actor's engine has applied the weights: first push
-    (cold) and the median of the rest (warm); plus actor 0's first forward pass after each push against
-    its next one, so any cost moved from the push into the next generation shows."""
-    sinks = [WeightSink.remote(model_path) for _ in range(actors)]
-    ray.get([s.ready.remote() for s in sinks])
-    pub = WeightPublisher(sinks)
-    times, puts, first, steady = [], [], [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        wr = pub.publish(state_dict)
-        pub.wait()
-        times.append(time.perf_counter() - start)
-        puts.append(wr.seconds)
+def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str, transport: str,
+                repeats: int = 7) -> dict:
+    """(b) seconds of ``WeightSync.push`` until every actor's engine has the weights: first push (cold) and the
+    median of the rest (warm); plus actor 0's first forward pass after each push against its next one, so any
+    cost moved from the push into the next generation shows."""
+    import torch
+
+    from ziprl.actors.weights import unique_named_tensors
+
+    cfg = ZipRLConfig()
+    cfg.weights.transport = transport
+    named = unique_named_tensors((k, torch.from_numpy(v)) for k, v in state_dict.items())
+    learner = ray.remote(num_cpus=0.01)(FixedWeightsLearner).remote(cfg.to_dict(), named=named)
+    sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(EngineSink).remote(model_path)
+             for _ in range(actors)]
+    ray.get([s.node_ip.remote() for s in sinks])
+    sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)
+    times, first, steady, nbytes = [], [], [], 0
+    for v in range(1, repeats + 1):
+        stats = sync.push(v, wait=True)
+        times.append(stats["seconds"])
+        nbytes = stats["bytes"]
         first.append(ray.get(sinks[0].forward_s.remote()))
         steady.append(ray.get(sinks[0].forward_s.remote()))
-    for s in sinks:
-        ray.kill(s)
-    return {"measure": "weight_push", "actors": actors, "mb": round(wr.nbytes / 1e6, 1),
+    sync.close()
+    for a in [learner, *sinks]:
+        ray.kill(a)
+    return {"measure": "weight_push", "transport": transport, "actors": actors, "mb": round(nbytes / 1e6, 1),
             "cold_s": round(times[0], 3), "warm_s": round(statistics.median(times[1:]), 3),
-            "put_s": round(statistics.median(puts[1:]), 3),
             "forward_after_push_s": round(statistics.median(first[1:]), 3),
             "forward_steady_s": round(statistics.median(steady[1:]), 3)}
 
@@ -169,7 +175,7 @@ def rollout_throughput(actors: int, batches: int = 3) -> dict:
     """(c) Generated tokens/s of ``actors`` rollout actors (1 torch thread each) on the same per-actor work."""
     from ziprl.actors.rollout_actor import RolloutActor, example_dicts
     from ziprl.actors.serve_retriever import deploy_retriever
-    from ziprl.config import ZipRLConfig, load_config
+    from ziprl.config import load_config
     from ziprl.env.datasets import load_dataset
     from ziprl.policy import resolve_model_path
 
@@ -199,7 +205,7 @@ def main() -> None:
     ap.add_argument("--retriever-cpus", type=float, default=float(cores),
                     help="CPUs (= encoder threads) of the replica; default: as many as the in-process run uses")
     ap.add_argument("--real-model", action="store_true", help="push the real SmolLM2-135M weights")
-    ap.add_argument("--max-actors", type=int, default=4)
+    ap.add_argument("--max-actors", type=int, default=4, help="(b) pushes to 1 and to this many actors")
     ap.add_argument("--parts", default="abc", help="which measurements: a (retrieval), b (push), c (rollouts)")
     args = ap.parse_args()
 
@@ -208,16 +214,15 @@ def main() -> None:
     rows = retrieval_throughput(RetrieverConfig(), args.retriever_cpus) if "a" in args.parts else []
     sd, source = state_dict_135m(args.real_model) if "b" in args.parts else ({}, "-")
     if "b" in args.parts:
-        for _ in range(3):  # fault in the object store's shared memory before timing
-            WeightPublisher().publish(sd)
         from ziprl.config import ModelConfig
         from ziprl.policy import resolve_model_path
 
         model_path = str(resolve_model_path(ModelConfig()))
-        push = [weight_push(sd, n, model_path) for n in range(1, args.max_actors + 1)]
-        for r in push:
-            r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
-        rows += push
+        for transport in ("object_store", "collective"):
+            push = [weight_push(sd, n, model_path, transport) for n in sorted({1, args.max_actors})]
+            for r in push:
+                r["over_1_actor"] = round(r["warm_s"] / push[0]["warm_s"], 3)
+            rows += push
     if "c" in args.parts:
         one, two = rollout_throughput(1), rollout_throughput(2)
         two["over_1_actor"] = round(two["tokens_per_s"] / one["tokens_per_s"], 3)

@@ -105,6 +105,7 @@ def test_capacity_formula_and_lag():
     assert capacity(1, 3, 64, 280, 40) == 0 and capacity(1, 3, 64, 200, 40) == 80
     assert capacity(0, 2, 4, 12, 0) == 0
     assert lag(3, 5) == 2 and is_fresh(3, 5, 2) and not is_fresh(3, 5, 1)
+    assert is_fresh(5, 5, 0) and not is_fresh(4, 5, 0) and is_fresh(0, 5, 10)
     with pytest.raises(ValueError, match="newer than the learner"):
         lag(6, 5)
     with pytest.raises(ValueError, match="max_staleness"):

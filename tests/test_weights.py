@@ -1,130 +1,137 @@
-"""Weight publishing: numpy conversion, publish-once to many actors, versioning, staleness rule."""
+"""The weight wire format (16-bit payloads, buckets, headers, tied weights), the staleness rule, and the
+gloo group with the receiver's between-batches rule (two threads of this process, no Ray)."""
 
 from __future__ import annotations
+
+import socket
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
-
-from ziprl.actors.weights import (  # noqa: E402
-    WeightPublisher,
-    WeightRef,
-    is_fresh,
-    load_numpy_state_dict,
-    state_dict_to_numpy,
+from ziprl.actors.weight_sync import GroupMember, WeightReceiver
+from ziprl.actors.weights import (
+    ALIGN,
+    Bucket,
+    iter_packed,
+    plan_buckets,
+    plan_for,
+    unique_named_tensors,
+    unpack,
+    wire_dtype,
 )
+from ziprl.policy import HFEngine
 
 
-def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def _named(dtype: torch.dtype = torch.float32) -> list[tuple[str, torch.Tensor]]:
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Linear(6, 5), torch.nn.LayerNorm(5))
-    return m.to(dtype)
+    return list(m.to(dtype).named_parameters())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_numpy_round_trip_is_exact(dtype):
-    src = _model(dtype)
-    arrays = state_dict_to_numpy(src)
-    assert set(arrays) == set(src.state_dict())
-    for name, t in src.state_dict().items():
-        a = arrays[name]
-        assert a.dtype == np.float32 and a.flags.c_contiguous and a.shape == tuple(t.shape)
-        assert torch.equal(torch.from_numpy(a).to(dtype), t)
-    dst = _model(dtype)
-    for p in dst.parameters():
-        p.data.zero_()
-    load_numpy_state_dict(dst, arrays)
-    for name, t in src.state_dict().items():
-        assert dst.state_dict()[name].dtype == dtype
-        assert torch.equal(dst.state_dict()[name], t)
+def _send_receive(named, engine_dtype: str, bucket_bytes: int, numpy: bool = False) -> dict[str, torch.Tensor]:
+    plan = plan_for(named, engine_dtype, bucket_bytes)
+    out = {}
+    for metas, buf in iter_packed(named, plan, lambda ps: torch.no_grad()):
+        out.update(unpack(metas, buf.numpy() if numpy else buf))
+    return out
 
 
-def test_tied_weights_become_one_array():
-    emb, head = torch.nn.Embedding(7, 3), torch.nn.Linear(3, 7, bias=False)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bucket_bytes", [1, 200, 1 << 20])
+def test_round_trip_is_bit_exact_in_the_tensors_own_dtype(dtype, bucket_bytes):
+    named = _named(dtype)
+    got = _send_receive(named, str(dtype).removeprefix("torch."), bucket_bytes, numpy=bucket_bytes == 200)
+    assert list(got) == [n for n, _ in named]
+    for name, t in named:
+        assert got[name].dtype == dtype and got[name].shape == t.shape
+        # bit-exact: compare the raw bits, not the values (NaN-safe, -0.0 distinct)
+        bits = torch.int16 if dtype != torch.float32 else torch.int32
+        assert torch.equal(got[name].view(bits), t.detach().view(bits)), name
+
+
+def test_float32_master_weights_travel_as_the_16_bit_engine_dtype_at_half_the_bytes():
+    named = _named(torch.float32)
+    for engine in ("bfloat16", "float16"):
+        got = _send_receive(named, engine, 1 << 20)
+        for name, t in named:  # the same rounding the engine's own cast would do on arrival
+            assert torch.equal(got[name].view(torch.int16), t.detach().to(getattr(torch, engine)).view(torch.int16))
+    wide = sum(m.nbytes for b in plan_for(named, "float32", 1 << 20) for m in b)
+    narrow = sum(m.nbytes for b in plan_for(named, "bfloat16", 1 << 20) for m in b)
+    assert wide == sum(t.numel() * 4 for _, t in named) and narrow * 2 == wide
+    assert wire_dtype(torch.bfloat16, "float32") == torch.bfloat16  # a bf16 learner never widens
+    assert wire_dtype(torch.int64, "bfloat16") == torch.int64
+
+
+def test_plan_buckets_respects_the_size_and_alignment():
+    specs = [("a", "bfloat16", (10,), 2), ("b", "float32", (3, 3), 4), ("c", "bfloat16", (1000,), 2), ("d", "float32", (1,), 4)]
+    plan = plan_buckets(specs, bucket_bytes=128)
+    assert [[m.name for m in b] for b in plan] == [["a", "b"], ["c"], ["d"]]  # c alone: larger than a bucket
+    assert [m.offset for m in plan[0]] == [0, ALIGN] and all(m.offset % ALIGN == 0 for b in plan for m in b)
+    assert plan[1][0].nbytes == 2000
+    assert len(plan_buckets(specs, 1 << 30)) == 1
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(specs, 0)
+
+
+def test_tied_weights_are_sent_once():
+    emb, head = torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=False)
     head.weight = emb.weight
-    model = torch.nn.ModuleDict({"emb": emb, "head": head})
-    for copy in (True, False):
-        arrays = state_dict_to_numpy(model, copy=copy)
-        assert arrays["emb.weight"] is arrays["head.weight"]
+    named = unique_named_tensors([("emb.weight", emb.weight), ("head.weight", head.weight)])
+    assert [n for n, _ in named] == ["emb.weight"]
 
 
-def test_non_contiguous_and_copy_semantics():
-    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    arrays = state_dict_to_numpy({"w": w.t(), "n": np.arange(3)})
-    assert arrays["w"].flags.c_contiguous and np.array_equal(arrays["w"], w.t().numpy())
-    assert np.array_equal(arrays["n"], np.arange(3))
-    owned = state_dict_to_numpy({"w": w})
-    shared = state_dict_to_numpy({"w": w}, copy=False)
-    w.add_(1)
-    assert owned["w"][0, 0] == 0 and shared["w"][0, 0] == 1
-    with pytest.raises(TypeError, match="mapping of tensors"):
-        state_dict_to_numpy(42)
+def test_header_round_trip_and_bad_buffers():
+    plan = plan_for(_named(), "bfloat16", 1 << 20)
+    b = Bucket(7, 0, 1, plan[0])
+    again = Bucket.from_header(b.header())
+    assert again == b and again.version == 7 and again.nbytes == b.nbytes
+    with pytest.raises(ValueError, match="flat uint8"):
+        unpack(plan[0], torch.zeros(4, dtype=torch.uint8))
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@ray.remote(num_cpus=0)
-class Subscriber:
-    def __init__(self):
-        self.version = 0
-        self.buf: dict[str, np.ndarray] = {}
-
-    def update_weights(self, wr: WeightRef) -> tuple[int, str, float]:
-        arrays = ray.get(wr.ref)
-        self.buf = {k: np.array(v) for k, v in arrays.items()}
-        self.version = wr.version
-        return wr.version, wr.ref.hex(), float(sum(v.sum() for v in self.buf.values()))
-
-
-def test_publish_once_to_many_subscribers(ray_cluster):
-    subs = [Subscriber.remote() for _ in range(3)]
-    pub = WeightPublisher(subs)
-    assert pub.version == 0 and pub.latest is None
-    model = _model()
-    total = float(sum(v.sum() for v in state_dict_to_numpy(model).values()))
-
-    wr = pub.publish(model)
-    assert wr.version == 1 and pub.latest is wr and wr.seconds > 0
-    assert wr.nbytes == sum(p.numel() * 4 for p in model.state_dict().values())
-    acks = pub.wait(timeout=60)
-    assert {(v, h) for v, h, _ in acks} == {(1, wr.ref.hex())}  # one put, one ref for all
-    assert all(s == pytest.approx(total) for _, _, s in acks)
-
+def test_gloo_push_waits_for_the_batch_then_applies_and_ignores_older_versions(tiny_model_dir):
+    """A receiver busy generating (its lock held) keeps the push pending; it is applied between batches."""
+    engine = HFEngine(tiny_model_dir, dtype="bfloat16", device="cpu")
+    receiver = WeightReceiver(engine)
+    src = HFEngine(tiny_model_dir, dtype="float32", device="cpu").model
     with torch.no_grad():
-        model[1].weight.add_(1.0)
-    wr2 = pub.publish(model)
-    assert wr2.version == 2 and wr2.ref.hex() != wr.ref.hex()
-    assert {(v, h) for v, h, _ in pub.wait(timeout=60)} == {(2, wr2.ref.hex())}
+        for p in src.parameters():
+            p.add_(0.01)
+    named = unique_named_tensors(src.named_parameters())
+    plan = plan_for(named, "bfloat16", 64 << 10)
 
-    late = Subscriber.remote()
-    pub.subscribe(late)  # a late joiner gets the latest version at once
-    assert [a[:2] for a in pub.wait(timeout=60)] == [(2, wr2.ref.hex())]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    members: dict[int, GroupMember] = {}
+    threads = [threading.Thread(target=lambda r=r: members.__setitem__(r, GroupMember("127.0.0.1", port, r, 2, 60, "127.0.0.1")))
+               for r in (0, 1)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    receiver.member = members[1]
 
+    def push(version: int) -> None:
+        members[0].send(version, len(plan), iter_packed(named, plan, lambda ps: torch.no_grad()))
 
-@pytest.mark.parametrize(
-    ("traj", "current", "max_staleness", "fresh"),
-    [
-        (5, 5, 0, True),
-        (4, 5, 0, False),
-        (4, 5, 1, True),
-        (3, 5, 1, False),
-        (3, 5, 2, True),
-        (0, 5, 10, True),
-    ],
-)
-def test_is_fresh_table(traj, current, max_staleness, fresh):
-    assert is_fresh(traj, current, max_staleness) is fresh
-
-
-def test_is_fresh_rejects_impossible_inputs():
-    with pytest.raises(ValueError, match="max_staleness"):
-        is_fresh(1, 1, -1)
-    with pytest.raises(ValueError, match="newer"):
-        is_fresh(3, 2, 1)
+    with receiver.lock:  # a batch is generating
+        t = threading.Thread(target=push, args=(3,))
+        t.start()
+        assert receiver.receive([], 0) == 3
+        t.join()
+        assert engine.version == 0 and receiver.version == 3  # pending, not applied mid-batch
+    receiver.apply_pending()
+    assert engine.version == 3
+    for name, p in named:
+        assert torch.equal(engine.model.state_dict()[name].view(torch.int16), p.detach().bfloat16().view(torch.int16))
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    with torch.no_grad():
+        for _, p in named:
+            p.add_(1.0)
+    t = threading.Thread(target=push, args=(2,))  # an older version: received (a collective), ignored
+    t.start()
+    assert receiver.receive([], 0) == 2
+    t.join()
+    assert engine.version == 3 and all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
+    assert np.isfinite(receiver.received_bytes) and receiver.received_bytes > 0

@@ -159,6 +159,15 @@ class RayConfig:
 
 
 @dataclass
+class WeightsConfig:
+    """Learner -> rollout-actor weight pushes (ziprl/actors/weight_sync.py)."""
+
+    transport: str = "object_store"  # object_store (ray.put buckets) | collective (torch.distributed broadcast)
+    bucket_mb: float = 256.0  # MiB per bucket; the sender holds one packed bucket at a time
+    rendezvous_timeout_s: float = 120.0  # collective: forming the group and each broadcast
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     checkpoint_every: int = 1
@@ -179,6 +188,7 @@ class ZipRLConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> ZipRLConfig:
@@ -206,6 +216,10 @@ class ZipRLConfig:
             (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
+            (self.weights.transport in ("object_store", "collective"),
+             f"weights.transport must be 'object_store' or 'collective', got {self.weights.transport!r}"),
+            (self.weights.bucket_mb > 0, f"weights.bucket_mb must be > 0, got {self.weights.bucket_mb}"),
+            (self.weights.rendezvous_timeout_s > 0, "weights.rendezvous_timeout_s must be > 0"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),
             (self.model.engine != "vllm" or not 0 < self.ray.rollout_gpus < 1
              or self.model.gpu_memory_utilization <= self.ray.rollout_gpus,

@@ -9,7 +9,6 @@ actor that dies is restarted by Ray; its job comes back failed and the scheduler
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from ray.exceptions import RayActorError
 
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
-from ziprl.actors.weights import WeightRef
+from ziprl.actors.weight_sync import make_weight_sync
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, from_table, to_table
 from ziprl.env.types import QAExample
@@ -81,7 +80,12 @@ class RayLearner:
 
 
 class RaySource:
-    """``ray.num_rollout_actors`` rollout actors, each running one job (``rollout.batch_questions`` questions)."""
+    """``ray.num_rollout_actors`` rollout actors, each running one job (``rollout.batch_questions`` questions).
+
+    Weights go out through the configured transport (``weights.transport``, :mod:`ziprl.actors.weight_sync`);
+    every actor applies a pushed version before its next job, so a job submitted after a push never runs on
+    older weights.
+    """
 
     def __init__(self, cfg: ZipRLConfig, model_path: Path, retriever: Any, learner: LearnerGroup):
         self.cfg, self.learner = cfg, learner
@@ -93,11 +97,12 @@ class RaySource:
         ]
         self.num_workers = len(self.actors)
         self.questions_per_call = cfg.rollout.batch_questions
-        self.wref: WeightRef | None = None
-        self._calls: dict[ray.ObjectRef, int] = {}  # run_batch result -> ticket
+        self.sync = make_weight_sync(cfg, learner, self.actors)
+        self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # run_batch result -> (ticket, worker)
 
     def submit(self, worker: int, ticket: int, examples: list[QAExample], seed: int) -> None:
-        self._calls[self.actors[worker].run_batch.remote(example_dicts(examples), seed, self.wref)] = ticket
+        weights = getattr(self.sync, "latest", None) or self.sync.version  # object store: the ref to load first
+        self._calls[self.actors[worker].run_batch.remote(example_dicts(examples), seed, weights)] = (ticket, worker)
 
     def wait(self) -> list[Completion]:
         ready, rest = ray.wait(list(self._calls), num_returns=1)
@@ -105,10 +110,11 @@ class RaySource:
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         out, g = [], self.cfg.rollout.group_size
         for ref in ready:
-            ticket = self._calls.pop(ref)
+            ticket, worker = self._calls.pop(ref)
             try:
                 table, stats = ray.get(ref)
-            except RayActorError:  # the actor died mid-job; Ray restarts it
+            except RayActorError:  # the actor died mid-job; Ray restarts it, and it rejoins the weight transport
+                self.sync.rejoin(worker, self.actors[worker])
                 out.append(Completion(ticket, None))
                 continue
             trajs = from_table(table)
@@ -116,16 +122,11 @@ class RaySource:
         return out
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Rank 0 puts the weights into the object store once; each actor loads them before its next job."""
-        t0 = time.perf_counter()
-        self.wref = self.learner.call("publish")
-        if self.wref.version != version:
-            raise RuntimeError(f"the learner published version {self.wref.version}, expected {version}")
-        for a in self.actors:
-            a.update_weights.remote(self.wref)  # applied between their jobs; run_batch also carries the ref
-        return {"seconds": time.perf_counter() - t0, "bytes": float(self.wref.nbytes)}
+        """Push the learner's weights of ``version`` to every actor (applied before each actor's next job)."""
+        return self.sync.push(version)
 
     def close(self) -> None:
+        self.sync.close()
         for a in self.actors:
             ray.kill(a)
         self._calls.clear()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -21,14 +20,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ziprl.actors.weights import WeightRef
+from ziprl.actors.weight_sync import SendsWeights, WeightSource
 from ziprl.config import ConfigError, ZipRLConfig, _from_dict
 from ziprl.env.trajectory import from_table
 
 PLACEMENT_TIMEOUT_S = 300
 
 
-class LearnerWorker:
+class LearnerWorker(SendsWeights):
     """One learner rank (a plain Python body; :data:`LearnerActor` is its Ray actor)."""
 
     def __init__(self, cfg: dict[str, Any], num_threads: int = 1):
@@ -78,22 +77,13 @@ class LearnerWorker:
         stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
         return {**stats, "rss_peak_mb": peak_rss_mb()}
 
-    def publish(self) -> WeightRef | None:
-        """Rank 0 puts the current weights into the object store once (numpy arrays); others return None.
-
-        Under ZeRO-3 every rank takes part in gathering the parameters; otherwise rank 0 holds them whole.
-        """
+    def weight_source(self) -> WeightSource:
+        """The policy's parameters for :class:`~ziprl.actors.weight_sync.SendsWeights` (ZeRO-3: gathered per bucket)."""
         from ziprl.learner.distributed import rank
 
-        if rank() != 0 and self.trainer.zero_stage != 3:
-            return None
-        t0 = time.perf_counter()
-        arrays = self.trainer.named_weights_numpy()
-        if rank() != 0:
-            return None
-        ref = ray.put(arrays)
-        return WeightRef(self.trainer.policy_version, ref, time.perf_counter() - t0,
-                         sum(a.nbytes for a in arrays.values()))
+        t = self.trainer
+        return WeightSource(list(t.engine.module.named_parameters()), lambda ps: t.gathered(params=ps), t.device,
+                            rank(), t.zero_stage == 3, t.policy_version)
 
     def save_checkpoint(self, out_dir: str, data_position: dict[str, Any]) -> str:
         from ziprl.learner.checkpoint import save_checkpoint

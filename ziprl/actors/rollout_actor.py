@@ -10,13 +10,14 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from ziprl.actors.weight_sync import ReceivesWeights, WeightReceiver
 from ziprl.actors.weights import WeightRef
 from ziprl.config import ZipRLConfig, _from_dict
 from ziprl.env.trajectory import to_table
 from ziprl.env.types import QAExample
 
 
-class RolloutWorker:
+class RolloutWorker(ReceivesWeights):
     """Plain-Python body of the rollout actor (constructed inside the Ray worker process)."""
 
     def __init__(self, cfg: dict[str, Any], model_path: str, retriever_handle: Any, actor_id: int, num_threads: int = 1):
@@ -30,29 +31,32 @@ class RolloutWorker:
         self.actor_id = actor_id
         self.engine = make_engine(self.cfg.model, model_path)
         self.retriever = ServeRetrieverClient(retriever_handle)
+        self.weights = WeightReceiver(self.engine)
         self.batches = 0
 
-    def update_weights(self, wref: WeightRef) -> int:
-        """Load a newer published policy version (between generation batches); returns the loaded version."""
-        if wref.version > self.engine.version:
-            self.engine.load_weights(ray.get(wref.ref), wref.version)
-        return self.engine.version
+    def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | int | None = None
+                  ) -> tuple[pa.Table, dict]:
+        """Roll out G trajectories per question with the newest weights; returns an Arrow table + stats.
 
-    def run_batch(self, examples: list[dict[str, Any]], seed: int, wref: WeightRef | None = None) -> tuple[pa.Table, dict]:
-        """Roll out G trajectories per question with the newest weights; returns an Arrow table + stats."""
+        ``wref`` may be an object-store :class:`WeightRef` (loaded first when newer) or a version number (the
+        collective transport's weights arrive on their own; a version is only informative).
+        """
         from ziprl.env import SearchCompressEnv
         from ziprl.policy.rollout import rollout_groups
         from ziprl.policy.source import job_stats
 
-        if wref is not None:
+        if isinstance(wref, WeightRef):
             self.update_weights(wref)
         exs = [QAExample(**e) for e in examples]
-        tokens, secs, t0 = self.engine.tokens_generated, self.engine.generation_seconds, time.perf_counter()
-        groups = rollout_groups(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever,
-                                                                       examples=exs),
-                                exs, self.cfg.sampling, self.cfg.rollout.group_size, seed)
+        with self.weights.lock:  # weights received meanwhile wait; a batch never mixes versions
+            self.weights.apply_pending()
+            tokens, secs, t0 = self.engine.tokens_generated, self.engine.generation_seconds, time.perf_counter()
+            groups = rollout_groups(self.engine, lambda: SearchCompressEnv(self.cfg.env, retriever=self.retriever,
+                                                                           examples=exs),
+                                    exs, self.cfg.sampling, self.cfg.rollout.group_size, seed)
+            version = self.engine.version
         self.batches += 1
-        stats = {"actor_id": self.actor_id, "pid": os.getpid(), "version": self.engine.version,
+        stats = {"actor_id": self.actor_id, "pid": os.getpid(), "version": version,
                  "seconds": time.perf_counter() - t0, **job_stats(self.engine, tokens, secs)}
         return to_table([t for g in groups for t in g]), stats
 
@@ -60,7 +64,8 @@ class RolloutWorker:
         return os.getpid()
 
 
-RolloutActor = ray.remote(max_restarts=-1, max_task_retries=0)(RolloutWorker)
+# "weights": collective receives run in their own thread, beside a generating batch
+RolloutActor = ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"weights": 1})(RolloutWorker)
 
 
 def example_dicts(examples: list[QAExample]) -> list[dict[str, Any]]:

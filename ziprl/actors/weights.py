@@ -1,159 +1,185 @@
-"""Weight publishing from the learner to the rollout actors, and the staleness rule.
+"""The weight wire format: versioned buckets of raw tensor bytes, and the staleness rule.
 
-Object-store path (this module; CPU and small clusters): the learner turns its state dict into
-plain numpy arrays, ``ray.put``s them ONCE per version and sends every subscriber the same
-:class:`WeightRef`. A subscriber calls ``ray.get(weight_ref.ref)``: actors on the learner's node
-read the arrays zero-copy from shared memory, other nodes pull one copy per node, and a CPU
-``HFEngine`` uses those arrays as its parameters without copying them (all actors of a node share
-one copy of each version). numpy, not torch
-tensors: torch tensors through the object store measured ~4x slower here (they are pickled, numpy
-arrays are stored as raw buffers). bfloat16 (which numpy lacks) is widened to float32 — lossless,
-so a bf16 model reloads bit-exactly (``load_state_dict`` casts back), at twice the bytes.
-
-NCCL path (GPU clusters; documented, not implemented here because it cannot be tested without
-GPUs): OpenRLHF and verl skip the object store. Learner rank 0 and every vLLM worker join one
-``torch.distributed`` process group (NCCL, rendezvous over TCP; vLLM workers are added with a
-rank offset through a ``collective_rpc`` call that runs ``init_process_group`` inside each
-worker). For each new version the learner gathers every parameter (ZeRO-3: one parameter at a
-time with ``GatheredParameters``), tells the engines the name/dtype/shape over a Ray call
-(``llm.collective_rpc("update_weight", args=(name, dtype, shape))``), and
-``torch.distributed.broadcast``s the GPU tensor from rank 0; each worker receives into a buffer
-and calls ``model.load_weights([(name, tensor)])``. Weights never leave GPU memory, so a
-multi-billion-parameter model typically updates in seconds over NVLink. Co-located setups (verl's
-hybrid engine, OpenRLHF's colocate mode) skip the broadcast: the learner hands its gathered
-tensors to the vLLM worker on the same GPU directly, in-process or as CUDA IPC handles. This is the
-path to add for ``model.engine=vllm`` on a GPU cluster; :class:`WeightPublisher` stays the fallback.
+A push is a sequence of :class:`Bucket` s. Each bucket is ONE flat ``uint8`` buffer holding several tensors
+back to back (offsets aligned to :data:`ALIGN` bytes) plus a small header (:class:`TensorMeta` per tensor:
+name, dtype, shape, offset) and the policy version it belongs to. Tensors travel in their wire dtype
+(:func:`wire_dtype`): a bfloat16/float16 tensor is its raw 16 bits, reinterpreted on arrival with
+``Tensor.view(dtype)`` (bit-exact, never widened to float32); when the rollout engine runs in 16 bits and
+the learner holds float32 masters, the learner rounds to the engine's dtype before sending (the same
+round-to-nearest-even cast the engine's ``load_weights`` would do on arrival, at half the bytes). Tied
+weights (``lm_head.weight`` = ``model.embed_tokens.weight``) are sent once. Buckets are at most
+``weights.bucket_mb`` (one larger tensor gets a bucket of its own), so the sender never holds more than one
+packed bucket at a time. The transports that move buckets are in :mod:`ziprl.actors.weight_sync`.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
 if TYPE_CHECKING:
     import torch
 
+ALIGN = 64  # byte alignment of every tensor inside a bucket (any dtype may be viewed at its offset)
+SIXTEEN_BIT = ("bfloat16", "float16")
 
-def state_dict_to_numpy(model_or_state_dict: Any, copy: bool = True) -> dict[str, np.ndarray]:
-    """Contiguous CPU numpy arrays of a module's (or a mapping's) tensors; bfloat16 becomes float32.
 
-    Tied weights (e.g. ``lm_head.weight`` = ``embed_tokens.weight``) map to one array object, so
-    ``ray.put`` stores them once. ``copy=False`` may share memory with CPU float parameters (fine
-    right before ``ray.put``, which snapshots them); the default returns arrays the caller owns.
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one tensor lies in its bucket's buffer."""
+
+    name: str
+    dtype: str  # torch dtype name on the wire, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    offset: int  # bytes from the buffer start (a multiple of ALIGN)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of one push: the header and (object-store transport) its bytes as a numpy uint8 array."""
+
+    version: int
+    index: int
+    count: int  # buckets in this push
+    metas: tuple[TensorMeta, ...]
+    data: np.ndarray | None = None  # None when the bytes travel separately (collective transport)
+
+    @property
+    def nbytes(self) -> int:
+        return buffer_size(self.metas)
+
+    def header(self) -> bytes:
+        """The header as JSON bytes (the collective transport broadcasts it before the buffer)."""
+        return json.dumps({"version": self.version, "index": self.index, "count": self.count,
+                           "metas": [asdict(m) for m in self.metas]}).encode()
+
+    @staticmethod
+    def from_header(raw: bytes) -> Bucket:
+        h = json.loads(raw)
+        metas = tuple(TensorMeta(m["name"], m["dtype"], tuple(m["shape"]), m["offset"], m["nbytes"]) for m in h["metas"])
+        return Bucket(h["version"], h["index"], h["count"], metas)
+
+
+def wire_dtype(dtype: torch.dtype, engine_dtype: str) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` travels in to an engine running in ``engine_dtype``.
+
+    Floating tensors go in the engine's dtype when that is 16-bit (it would cast them on arrival anyway),
+    else in their own dtype (a bf16 learner to a float32 engine: 16 bits, widened exactly on arrival).
+    Integer tensors travel as they are.
     """
-    import torch  # lazy: subscribers that only read numpy never import torch
+    import torch
 
-    sd = model_or_state_dict.state_dict() if hasattr(model_or_state_dict, "state_dict") else model_or_state_dict
-    if not isinstance(sd, Mapping):
-        raise TypeError(f"expected a torch module or a mapping of tensors, got {type(sd).__name__}")
-    out: dict[str, np.ndarray] = {}
-    seen: dict[tuple, np.ndarray] = {}
-    for name, value in sd.items():
-        if isinstance(value, torch.Tensor):
-            key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
-            if value.numel() and key in seen:
-                out[name] = seen[key]
-                continue
-            t = value.detach().cpu()
-            if t.dtype == torch.bfloat16:
-                t = t.float()  # numpy has no bfloat16; widening is exact
-            arr = t.numpy()
-        else:
-            key, arr = None, np.asarray(value)
-        out[name] = np.array(arr, copy=True, order="C") if copy else np.ascontiguousarray(arr)
-        if key is not None:
-            seen[key] = out[name]
+    if dtype.is_floating_point and engine_dtype in SIXTEEN_BIT:
+        return getattr(torch, engine_dtype)
+    return dtype
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def buffer_size(metas: Sequence[TensorMeta]) -> int:
+    return _aligned(metas[-1].offset + metas[-1].nbytes) if metas else 0
+
+
+def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...], int]], bucket_bytes: int) -> list[tuple[TensorMeta, ...]]:
+    """Group ``(name, wire dtype, shape, itemsize)`` specs, in order, into buckets of at most ``bucket_bytes``.
+
+    A tensor larger than a bucket gets a bucket of its own; offsets are aligned to :data:`ALIGN`.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[tuple[TensorMeta, ...]] = []
+    current: list[TensorMeta] = []
+    for name, dtype, shape, itemsize in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        offset = buffer_size(current)
+        if current and offset + nbytes > bucket_bytes:
+            buckets.append(tuple(current))
+            current, offset = [], 0
+        current.append(TensorMeta(name, dtype, tuple(int(s) for s in shape), offset, nbytes))
+    if current:
+        buckets.append(tuple(current))
+    return buckets
+
+
+def unique_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``named`` without repeats of the same tensor object (tied weights are sent once, under the first name)."""
+    seen: set[int] = set()
+    out = []
+    for name, t in named:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
     return out
 
 
-def load_numpy_state_dict(model: torch.nn.Module, arrays: Mapping[str, np.ndarray], strict: bool = True) -> None:
-    """Copy numpy weights into ``model`` in place, casting to each parameter's dtype (e.g. back to bf16)."""
+def full_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """The whole shape of a parameter, also when ZeRO-3 holds only a partition of it (``ds_shape``)."""
+    return tuple(getattr(t, "ds_shape", t.shape))
+
+
+def plan_for(named: Sequence[tuple[str, torch.Tensor]], engine_dtype: str, bucket_bytes: int) -> list[tuple[TensorMeta, ...]]:
+    """Bucket plan of named (possibly ZeRO-3 partitioned) tensors sent to an ``engine_dtype`` engine."""
+    specs = []
+    for name, t in named:
+        wd = wire_dtype(t.dtype, engine_dtype)
+        specs.append((name, str(wd).removeprefix("torch."), full_shape(t), wd.itemsize))
+    return plan_buckets(specs, bucket_bytes)
+
+
+def pack(metas: Sequence[TensorMeta], tensors: Sequence[torch.Tensor], device: Any = "cpu") -> torch.Tensor:
+    """The bucket's flat uint8 buffer on ``device``: each tensor cast to its wire dtype, its raw bytes copied in."""
     import torch
 
-    with warnings.catch_warnings():
-        # Arrays from ray.get are read-only views of shared memory; load_state_dict only reads them.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
-    with torch.no_grad():
-        model.load_state_dict(tensors, strict=strict)
+    buf = torch.zeros(buffer_size(metas), dtype=torch.uint8, device=device)
+    for m, t in zip(metas, tensors, strict=True):
+        wd = getattr(torch, m.dtype)
+        src = t.detach().to(device=device, dtype=wd).contiguous().reshape(-1)
+        buf[m.offset: m.offset + m.nbytes] = src.view(torch.uint8)
+    return buf
+
+
+def unpack(metas: Sequence[TensorMeta], buf: Any) -> dict[str, torch.Tensor]:
+    """Name -> tensor VIEWS into ``buf`` (a uint8 torch tensor or numpy array; no copy), in their wire dtype."""
+    import warnings
+
+    import torch
+
+    if isinstance(buf, np.ndarray):
+        with warnings.catch_warnings():  # object-store arrays are read-only shared memory; only read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            buf = torch.from_numpy(buf)
+    if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() < buffer_size(metas):
+        raise ValueError(f"bucket buffer must be flat uint8 of {buffer_size(metas)} bytes, got {buf.dtype} {tuple(buf.shape)}")
+    return {m.name: buf[m.offset: m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape) for m in metas}
+
+
+def iter_packed(named: Sequence[tuple[str, torch.Tensor]], plan: Sequence[tuple[TensorMeta, ...]], gather: Any,
+                device: Any = "cpu", sender: bool = True) -> Iterator[tuple[tuple[TensorMeta, ...], torch.Tensor | None]]:
+    """Pack bucket by bucket; ``gather(params)`` is a context making those params whole (ZeRO-3) or a no-op.
+
+    Only one packed bucket exists at a time. A non-``sender`` (a ZeRO-3 rank other than 0) only takes part in
+    the gathers and yields None buffers.
+    """
+    by_name = dict(named)
+    for metas in plan:
+        params = [by_name[m.name] for m in metas]
+        with gather(params):
+            buf = pack(metas, params, device) if sender else None
+        yield metas, buf
 
 
 @dataclass(frozen=True)
 class WeightRef:
-    """One published policy version: what every subscriber receives."""
+    """One push over the object store: what every rollout actor is handed (``update_weights`` / ``run_batch``)."""
 
     version: int
-    ref: ray.ObjectRef  # -> dict[str, np.ndarray]
-    seconds: float  # time to convert and ray.put
-    nbytes: int
-
-
-class WeightPublisher:
-    """Puts each weight version into the object store once and hands the same ref to every subscriber.
-
-    A subscriber is an actor handle with a method ``method(weight_ref: WeightRef)``; calls are
-    asynchronous (the learner does not wait); :meth:`wait` blocks until all have acknowledged.
-    Only the latest version's ref is held here, so older versions are freed once subscribers drop them.
-    """
-
-    def __init__(self, subscribers: Iterable[Any] = (), method: str = "update_weights", version: int = 0):
-        self.method = method
-        self._subscribers = list(subscribers)
-        self._version = version
-        self._latest: WeightRef | None = None
-        self._acks: list[ray.ObjectRef] = []
-
-    @property
-    def version(self) -> int:
-        """The version of the latest publish (the start version before any)."""
-        return self._version
-
-    @property
-    def latest(self) -> WeightRef | None:
-        return self._latest
-
-    def subscribe(self, actor: Any) -> None:
-        """Add a subscriber; it is sent the latest version at once if there is one."""
-        self._subscribers.append(actor)
-        if self._latest is not None:
-            self._acks.append(getattr(actor, self.method).remote(self._latest))
-
-    def publish(self, weights: Any) -> WeightRef:
-        """Convert (a module, state dict or numpy dict), ``ray.put`` once, notify every subscriber."""
-        start = time.perf_counter()
-        arrays = state_dict_to_numpy(weights, copy=False)
-        ref = ray.put(arrays)
-        self._version += 1
-        self._latest = WeightRef(
-            version=self._version,
-            ref=ref,
-            seconds=time.perf_counter() - start,
-            nbytes=sum(a.nbytes for a in {id(a): a for a in arrays.values()}.values()),  # tied ones once
-        )
-        self._acks = [getattr(a, self.method).remote(self._latest) for a in self._subscribers]
-        return self._latest
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        """Block until every subscriber has handled the latest publish; returns their replies."""
-        acks, self._acks = self._acks, []
-        return ray.get(acks, timeout=timeout)
-
-
-def is_fresh(trajectory_version: int, current_version: int, max_staleness: int) -> bool:
-    """Whether a trajectory sampled with ``trajectory_version`` may train the policy at ``current_version``.
-
-    Allowed lag is ``current - trajectory <= max_staleness``; 0 = synchronous on-policy (only the
-    current version). A trajectory from a future version or a negative bound is a bug: ValueError.
-    """
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-    lag = current_version - trajectory_version
-    if lag < 0:
-        raise ValueError(f"trajectory version {trajectory_version} is newer than the policy ({current_version})")
-    return lag <= max_staleness
+    buckets: tuple[Any, ...]  # ray.ObjectRef -> Bucket (with its data), in order
+    seconds: float  # time to gather, pack and ray.put
+    nbytes: int  # bytes put (once, whatever the number of actors)

@@ -245,13 +245,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ weights out
 
-    def gathered(self, modify: bool = False) -> contextlib.AbstractContextManager:
-        """Context in which every policy parameter is whole on this rank (ZeRO-3 gathers; otherwise no-op).
-
-        With ``modify`` the values rank 0 writes in place are partitioned back on exit.
+    def gathered(self, modify: bool = False, params: Sequence[torch.nn.Parameter] | None = None
+                 ) -> contextlib.AbstractContextManager:
+        """Context in which every policy parameter (or just ``params``) is whole on this rank (ZeRO-3 gathers;
+        otherwise no-op). With ``modify`` the values rank 0 writes in place are partitioned back on exit.
         """
         if self.zero_stage == 3:
-            params = list(self.engine.module.parameters())
+            params = list(self.engine.module.parameters()) if params is None else list(params)
             return self._ds.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
         return contextlib.nullcontext()
 

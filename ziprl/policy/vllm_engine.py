@@ -9,11 +9,18 @@ Same contract as :class:`~ziprl.policy.hf_engine.HFEngine`:
 - stop strings end the response right after the string (``include_stop_str_in_output=True``); the token
   that completes it is the last token; EOS is kept in ``token_ids`` and left out of ``text``.
 
-Weight updates use vLLM's documented RL hook: a worker extension class (``worker_extension_cls``) whose
-method every worker runs through ``LLM.collective_rpc`` and which calls the model's ``load_weights``
-(examples/offline_inference/rlhf_utils.py, https://docs.vllm.ai/en/v0.9.0/examples/offline_inference/rlhf.html).
-That suits host arrays pushed through Ray's object store. A learner holding GPU tensors in another process
-can instead use vLLM's NCCL/IPC weight-transfer engines (https://docs.vllm.ai/en/latest/training/weight_transfer/).
+Weight updates, two ways (``weights.transport``, see ``ziprl.actors.weight_sync``):
+
+- object store: host tensors are handed to every worker through ``LLM.collective_rpc`` and a worker
+  extension class (``worker_extension_cls``) that calls the model's ``load_weights``.
+- collective: vLLM's weight-transfer API (https://docs.vllm.ai/en/latest/training/weight_transfer/; checked
+  against vLLM 0.33's source, ``vllm/entrypoints/rl/offline.py`` and
+  ``vllm/distributed/weight_transfer/nccl_engine.py``): the LLM is built with
+  ``weight_transfer_config={"backend": "nccl"}``; ``LLM.init_weight_transfer_engine({"init_info": ...})``
+  joins the learner's NCCL group (TCPStore rendezvous, this engine's worker at ``rank_offset``), and a push is
+  ``start_weight_update()``, ``update_weights({"update_info": {names, dtype_names, shapes}})`` (the workers
+  receive one broadcast per tensor, unpacked, and call ``model.load_weights``) and
+  ``finish_weight_update(weight_version)``.
 """
 
 from __future__ import annotations
@@ -95,7 +102,8 @@ class VLLMEngine(GenerationEngine):
         self._expected, self._tied = checkpoint_shapes(self.path)
         self.llm = vllm.LLM(model=str(self.path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                             trust_remote_code=trust_remote_code,
-                            worker_extension_cls=f"{__name__}.WeightSyncExtension", **llm_kwargs)
+                            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+                            weight_transfer_config={"backend": "nccl"}, **llm_kwargs)
         self._tokenizer = self.llm.get_tokenizer()
         self.max_context = json.loads((self.path / "config.json").read_text()).get("max_position_embeddings")
         self.version = 0
@@ -138,3 +146,23 @@ class VLLMEngine(GenerationEngine):
         self.llm.collective_rpc("ziprl_load_weights", args=(named,))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.version = version
+
+    def join_weight_transfer(self, addr: str, port: int, rank: int, world: int) -> None:
+        """Join the learner's NCCL weight group as ``rank`` (this engine has one worker: tensor parallel 1)."""
+        self.llm.init_weight_transfer_engine({"init_info": {
+            "master_address": addr, "master_port": port, "rank_offset": rank, "world_size": world, "packed": False}})
+
+    def receive_weight_transfer(self, metas: list[tuple[str, str, list[int]]], version: int) -> None:
+        """Receive one push (the learner broadcasts the tensors of ``metas`` in order); blocks until loaded.
+
+        Every member must take part in every broadcast, so a version this engine already holds (a re-send
+        after another actor rejoined) is received and loaded again: the same weights.
+        """
+        check_named_shapes({n: tuple(s) for n, _, s in metas}, self._expected, self._tied)
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": {"names": [n for n, _, _ in metas],
+                                                 "dtype_names": [d for _, d, _ in metas],
+                                                 "shapes": [list(s) for _, _, s in metas]}})
+        self.llm.finish_weight_update(weight_version=str(version))
+        self.llm.reset_prefix_cache()
+        self.version = max(self.version, version)

@@ -1,0 +1,207 @@
+"""Weight push: object store vs collective (gloo), 1 and 4 receivers, synthetic bf16 models of 0.1B-1.5B.
+
+    nice -n 10 .venv/bin/python benchmarks/weight_sync.py [--sizes 0.1B,0.5B,1.5B] [--receivers 1,4]
+        [--bucket-mb 256] [--repeats 3] [--max-gb 9]
+
+The sender is the real learner actor class (LearnerWorker, whose ``weight_source`` is replaced by synthetic
+bf16 tensors with the shapes of a Llama/Qwen-style model); the receivers are the real RolloutWorker class
+with a stand-in engine that drops what it is given (the model itself is not what is measured); the pushes go
+through :func:`ziprl.actors.weight_sync.make_weight_sync`, the path the driver takes. One push = from
+``WeightSync.push`` until every receiver has the weights (``wait=True``). ``fp32_baseline`` rows push the same
+model widened to float32: the bytes of the previous path, which widened bf16 to float32 numpy arrays.
+Goals: 16-bit pushes move 0.5x the bytes of the fp32 path; collective to 4 receivers <= 1.3x to one.
+Results: benchmarks/results/weight_sync.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import ray
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, write_results  # noqa: E402
+
+from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
+from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
+from ziprl.actors.weight_sync import WeightReceiver, WeightSource, make_weight_sync  # noqa: E402
+from ziprl.config import ZipRLConfig  # noqa: E402
+
+# hidden, layers, MLP, KV width, vocab (Qwen2.5-0.5B / -1.5B shapes; a GPT-2-small-like 0.1B)
+SHAPES = {"0.1B": (768, 12, 2048, 256, 32000), "0.5B": (896, 24, 4864, 128, 151936),
+          "1.5B": (1536, 28, 8960, 256, 151936)}
+
+
+def model_shapes(size: str) -> dict[str, tuple[int, ...]]:
+    d, layers, mlp, kv, vocab = SHAPES[size]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (d, d), p + "self_attn.k_proj.weight": (kv, d),
+                   p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, d),
+                   p + "mlp.gate_proj.weight": (mlp, d), p + "mlp.up_proj.weight": (mlp, d),
+                   p + "mlp.down_proj.weight": (d, mlp), p + "input_layernorm.weight": (d,),
+                   p + "post_attention_layernorm.weight": (d,)}
+    return shapes
+
+
+def n_params(size: str) -> int:
+    return sum(int(torch.Size(s).numel()) for s in model_shapes(size).values())
+
+
+class FixedWeightsLearner(LearnerWorker):
+    """The learner actor with given (``named``) or synthetic (``size``, ``dtype``) weights instead of a trainer."""
+
+    def __init__(self, cfg: dict, named: list | None = None, size: str = "0.1B", dtype: str = "bfloat16"):
+        super().__init__(cfg)
+        torch.set_num_threads(1)
+        self.named = named if named is not None else [
+            (n, torch.full(s, 1e-3 * i, dtype=getattr(torch, dtype))) for i, (n, s) in enumerate(model_shapes(size).items())]
+
+    def weight_source(self) -> WeightSource:
+        return WeightSource(self.named, lambda ps: contextlib.nullcontext(), "cpu", 0, False, 0)
+
+
+class NullEngine:
+    """Stand-in engine: takes the weights (checking names and byte count) and drops them."""
+
+    def __init__(self):
+        self.version, self.bytes = 0, 0
+
+    def load_weights(self, named: dict, version: int) -> None:
+        self.bytes = sum(t.numel() * t.element_size() for t in named.values())
+        self.version = version
+
+
+class Sink(RolloutWorker):
+    """The rollout actor class with a :class:`NullEngine` (no model, no retriever)."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+        self.engine = NullEngine()
+        self.weights = WeightReceiver(self.engine)
+
+    def loaded_bytes(self) -> int:
+        return self.engine.bytes
+
+
+def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: float, repeats: int) -> dict:
+    cfg = ZipRLConfig()
+    cfg.model.dtype = dtype
+    cfg.weights.transport, cfg.weights.bucket_mb, cfg.weights.rendezvous_timeout_s = transport, bucket_mb, 600
+    learner = ray.remote(num_cpus=0.5)(FixedWeightsLearner).remote(cfg.to_dict(), size=size, dtype=dtype)
+    sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(Sink).remote() for _ in range(receivers)]
+    ray.get([learner.node_ip.remote(), *[s.node_ip.remote() for s in sinks]])
+    t0 = time.perf_counter()
+    sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)
+    setup = time.perf_counter() - t0
+    times, stats = [], {}
+    for v in range(1, repeats + 2):  # the first push warms up (page faults, connections)
+        stats = sync.push(v, wait=True)
+        times.append(stats["seconds"])
+    loaded = ray.get([s.loaded_bytes.remote() for s in sinks])
+    assert all(b == stats["bytes"] for b in loaded), (loaded, stats["bytes"])
+    sync.close()
+    for a in [learner, *sinks]:
+        ray.kill(a)
+    warm = statistics.median(times[1:])
+    return {"params": size, "dtype": dtype, "transport": transport, "receivers": receivers,
+            "mb_per_push": round(stats["bytes"] / 1e6, 1), "cold_s": round(times[0], 3), "warm_s": round(warm, 3),
+            "gb_per_s": round(stats["bytes"] / warm / 1e9, 3), "setup_s": round(setup, 2)}
+
+
+def extrapolate(rows: list[dict]) -> list[dict]:
+    """Bytes and seconds per push for 8B parameters: bytes exact (2 per weight), seconds at the throughput
+    measured for the largest model per (transport, receivers)."""
+    out = []
+    for (transport, receivers) in sorted({(r["transport"], r["receivers"]) for r in rows if r["dtype"] == "bfloat16"}):
+        big = max((r for r in rows if r["dtype"] == "bfloat16" and r["transport"] == transport
+                   and r["receivers"] == receivers), key=lambda r: r["mb_per_push"])
+        gb = 8e9 * 2 / 1e9
+        out.append({"params": "8B (extrapolated)", "dtype": "bfloat16", "transport": transport,
+                    "receivers": receivers, "mb_per_push": gb * 1e3, "warm_s": round(gb / big["gb_per_s"], 1),
+                    "gb_per_s": big["gb_per_s"], "from": big["params"], "fp32_path_mb": 8e9 * 4 / 1e6})
+    return out
+
+
+def plot(rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in sorted({(r["transport"], r["receivers"]) for r in rows if r["dtype"] == "bfloat16"}):
+        pts = sorted((n_params(r["params"]), r["warm_s"]) for r in rows
+                     if r["dtype"] == "bfloat16" and (r["transport"], r["receivers"]) == key and r["params"] in SHAPES)
+        ax.plot([p / 1e9 for p, _ in pts], [s for _, s in pts], marker="o", label=f"{key[0]}, {key[1]} receiver(s)")
+    ax.set_xlabel("parameters (billions, bf16)")
+    ax.set_ylabel("seconds per push (warm)")
+    ax.set_title("Weight push on this CPU (Ray local cluster)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "weight_sync.png", dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="0.1B,0.5B,1.5B")
+    ap.add_argument("--receivers", default="1,4")
+    ap.add_argument("--transports", default="object_store,collective")
+    ap.add_argument("--bucket-mb", type=float, default=256.0)
+    ap.add_argument("--repeats", type=int, default=3, help="warm pushes per setting (after one warm-up push)")
+    ap.add_argument("--max-gb", type=float, default=9.0,
+                    help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
+    args = ap.parse_args()
+    sizes, receivers = args.sizes.split(","), [int(n) for n in args.receivers.split(",")]
+    plan = [(s, t, n, "bfloat16") for s in sizes for t in args.transports.split(",") for n in receivers]
+    base = min(sizes, key=n_params)
+    plan += [(base, "object_store", 1, "float32")]  # the previous path's bytes: bf16 widened to float32
+    load_before = os.getloadavg()[0]
+    rows, skipped, runnable = [], [], []
+    for size, transport, n, dtype in plan:
+        gb = n_params(size) * (2 if dtype == "bfloat16" else 4) / 1e9
+        need = gb * (1 + (n if transport == "collective" else 1))  # object store: one shared copy
+        if need > args.max_gb:
+            skipped.append(f"{size} {transport} x{n} {dtype}: needs ~{need:.1f} GB (> --max-gb {args.max_gb:g})")
+        else:
+            runnable.append((size, transport, n, dtype, gb))
+    store = max(gb for *_, gb in runnable) * 2.5e9 + 5e8  # two versions in flight
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=int(store))
+    for size, transport, n, dtype, gb in tqdm(runnable, desc="weight_sync", unit="setting"):
+        rows.append(measure(size, transport, n, dtype, args.bucket_mb, args.repeats if gb < 2 else 2))
+        tqdm.write(str(rows[-1]))
+    ray.shutdown()
+    for r in rows:
+        one = next((o for o in rows if (o["params"], o["dtype"], o["transport"], o["receivers"])
+                    == (r["params"], r["dtype"], r["transport"], 1)), None)
+        if one is not None:
+            r["over_1_receiver"] = round(r["warm_s"] / one["warm_s"], 3)
+    fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
+    bf16 = next((r for r in rows if r["dtype"] == "bfloat16" and r["params"] == base
+                 and r["transport"] == "object_store" and r["receivers"] == 1), None)
+    meta = {"bucket_mb": args.bucket_mb, "ray": ray.__version__, "torch": torch.__version__, "skipped": skipped,
+            "host_load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "goals": "bf16 bytes / fp32-path bytes = 0.5; collective 4 receivers / 1 receiver <= 1.3",
+            "params": {s: n_params(s) for s in sizes}}
+    if fp32 and bf16:
+        meta["bf16_over_fp32_bytes"] = round(bf16["mb_per_push"] / fp32["mb_per_push"], 4)
+        meta["bf16_over_fp32_seconds"] = round(bf16["warm_s"] / fp32["warm_s"], 3)
+    write_results("weight_sync", rows + extrapolate(rows), meta)
+    plot(rows)
+    print({k: meta[k] for k in ("skipped", "host_load_avg_1m") if k in meta},
+          meta.get("bf16_over_fp32_bytes"), meta.get("bf16_over_fp32_seconds"))
+
+
+if __name__ == "__main__":
+    main()
