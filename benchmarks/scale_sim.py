@@ -154,6 +154,29 @@ def step_row(s: dict, staleness: int, transport: str) -> dict:
     return row
 
 
+def report(name: str, runs: list[dict], layout: dict) -> None:
+    """Write the per-step table, the totals and the per-role memory of the launches done so far."""
+    rows = [step_row(s, r["staleness"], r["transport"]) for r in runs for s in r["steps"]]
+    memory = [{"max_staleness": r["staleness"], "transport": r["transport"], "role": role, **m}
+              for r in runs for role, m in r["memory"].items()]
+    totals = []
+    for r in runs:
+        steps, last = r["steps"], r["steps"][-1]
+        totals.append({"max_staleness": r["staleness"], "transport": r["transport"], "wall_s": r["wall_seconds"],
+                       "steps": len(steps), "groups_generated": last["system/groups_generated"],
+                       "groups_trained": last["system/groups_trained"],
+                       "groups_dropped_stale": last["system/groups_dropped_stale"],
+                       "groups_buffered": last["system/groups_buffered"],
+                       "push_s_mean": sum(s["perf/weight_push_seconds"] for s in steps) / len(steps),
+                       "push_MB": last["perf/weight_push_bytes"] / 1e6,
+                       "actor_idle_frac_mean": sum(s["system/actor_idle_frac"] for s in steps) / len(steps),
+                       "learner_wait_frac_mean": sum(s["system/learner_wait_frac"] for s in steps) / len(steps)})
+    model = "Qwen3, 2 layers, hidden 64, random init, SmolLM2 tokenizer"
+    write_results(name, rows, {"layout": layout, "totals": totals, "memory": memory, "model": model})
+    write_results(name + "_memory", memory)
+    write_results(name + "_totals", totals)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", type=int, default=32)
@@ -172,25 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     from ziprl.policy.models import cache_root
 
     model = tiny_qwen3(cache_root(ModelConfig()) / "tiny-qwen3-h64")
-    pairs = [p.split(":") for p in args.runs.split(",")]
-    runs = [run(args, int(s), t, model) for s, t in pairs]
-    rows = [step_row(s, r["staleness"], r["transport"]) for r in runs for s in r["steps"]]
-    memory = [{"max_staleness": r["staleness"], "transport": r["transport"], "role": role, **m}
-              for r in runs for role, m in r["memory"].items()]
-    totals = [{"max_staleness": r["staleness"], "transport": r["transport"], "wall_s": r["wall_seconds"],
-               "steps": len(r["steps"]), "push_s_mean": sum(s["perf/weight_push_seconds"] for s in r["steps"])
-               / len(r["steps"]),
-               "groups_trained": r["steps"][-1]["system/groups_trained"],
-               "groups_dropped_stale": r["steps"][-1]["system/groups_dropped_stale"],
-               "mean_actor_idle_frac": sum(s["system/actor_idle_frac"] for s in r["steps"]) / len(r["steps"]),
-               "mean_learner_wait_frac": sum(s["system/learner_wait_frac"] for s in r["steps"]) / len(r["steps"])}
-              for r in runs]
     layout = {k: getattr(args, k) for k in ("actors", "batch", "group", "ranks", "steps", "max_turns",
-                                            "max_new_tokens")}
-    write_results(args.name, rows, {"layout": layout, "totals": totals, "memory": memory,
-                                    "model": "Qwen3, 2 layers, hidden 64, random init, SmolLM2 tokenizer"})
-    write_results(args.name + "_memory", memory)
-    write_results(args.name + "_totals", totals)
+                                            "max_new_tokens", "dataset")}
+    runs: list[dict] = []
+    for pair in args.runs.split(","):  # results are rewritten after every launch, so a long sweep keeps its part
+        staleness, transport = pair.split(":")
+        runs.append(run(args, int(staleness), transport, model))
+        report(args.name, runs, layout)
     return 0
 
 

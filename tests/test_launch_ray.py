@@ -75,7 +75,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
 
 
 def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
-    """Global batch 4 > 2 actors + 1, max_staleness 0: every step completes on-policy, the accounting balances."""
+    """Global batch 4 > 2 actors + 1, max_staleness 0, collective weight push: every step completes on-policy."""
     from ziprl.launch import launch
 
     out = tmp_path / "run"
@@ -84,6 +84,7 @@ def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
         "ray.num_rollout_actors=2", "learner.steps=3", "learner.global_batch_questions=4", "learner.beta=0",
         "rollout.batch_questions=1", "rollout.group_size=2", "env.max_turns=2", "sampling.max_new_tokens=16",
         "ray.max_staleness=0", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25", "learner.micro_batch_turns=8",
+        "weights.transport=collective",
     ])
     ray.init(num_cpus=2, include_dashboard=False)
     launch(cfg, progress=False)
