@@ -1,6 +1,6 @@
 """Single-process ZipRL training (no Ray): roll out, GRPO + HRR advantages, update, reload weights, repeat.
 
-    python -m ziprl.train [--config FILE.yaml] [--steps N] [--out runs/train] [--resume]
+    python -m ziprl.train [--config FILE.yaml] [--steps N] [--out runs/train] [--resume | --overwrite]
                           [--sft-checkpoint DIR] [--set section.field=value ...]
 
 For debugging and small runs; ``python -m ziprl.launch`` runs the same algorithm on Ray.
@@ -20,6 +20,8 @@ from tqdm import tqdm
 from ziprl.config import ConfigError, ZipRLConfig, load_config
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import save_trajectories
+from ziprl.errors import run_command
+from ziprl.rundir import prepare_run_dir
 
 
 def context_limit(engine, max_new_tokens: int) -> int | None:
@@ -88,12 +90,14 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     return metrics
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--out")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="delete the run already in --out and start afresh")
     ap.add_argument("--sft-checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
@@ -104,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     last = train(cfg)
     print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})
     return 0
