@@ -22,6 +22,7 @@ from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.errors import run_command
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
+from ziprl.policy.models import check_model_paths
 
 COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
            ("finish_rate", "finish rate"), ("format_error_rate", "format errors/turn"),
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_model_paths(cfg.model.path)
     evaluate(cfg, strategies, Path(args.out))
     print(f"[eval] report: {Path(args.out) / 'report.md'}")
     return 0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ziprl.config import ConfigError, ZipRLConfig, load_config
 from ziprl.errors import run_command
+from ziprl.policy.models import check_model_paths
 from ziprl.rundir import prepare_run_dir, write_config
 
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     try:
         launch(cfg)

@@ -21,6 +21,7 @@ from ziprl.config import ConfigError, ZipRLConfig, load_config
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import save_trajectories
 from ziprl.errors import run_command
+from ziprl.policy.models import check_model_paths
 from ziprl.rundir import prepare_run_dir
 
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     last = train(cfg)
     print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})

@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shutil
-import struct
 import tempfile
 import uuid
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ziprl.learner.distributed import rank, world_size
+from ziprl.policy.models import check_safetensors
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer
@@ -160,7 +160,7 @@ def verify_checkpoint(path: str | Path) -> Path:
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} lacks {name}")
     for name in FILES[:3]:
-        _check_safetensors(path / name)
+        check_safetensors(path / name)
     try:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -169,21 +169,6 @@ def verify_checkpoint(path: str | Path) -> Path:
     if not isinstance(state, dict) or any(k not in state for k in needed):
         raise ValueError(f"checkpoint {path}: state.json lacks the fields {needed}")
     return path
-
-
-def _check_safetensors(path: Path) -> None:
-    """A safetensors file is an 8-byte header length, a JSON header, then exactly the bytes it describes."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        try:
-            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            header = None
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
-    if ends is None or 8 + n + max(ends, default=0) != size:
-        raise ValueError(f"checkpoint file {path} is truncated or not a safetensors file")
 
 
 def _fsync(path: Path) -> None:
