@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("adaptive", "uniform", "react", "summary")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
 
 
 class ConfigError(ValueError):
@@ -156,8 +159,9 @@ class RayConfig:
     retriever_max_batch: int = 32
     max_staleness: int = 1  # 0 = synchronous on-policy
     queue_size: int = 8
-    http_host: str = "127.0.0.1"
+    http_host: str = "127.0.0.1"  # beyond loopback needs $ZIPRL_HTTP_TOKEN (docs/security.md)
     http_port: int | None = None  # None = no HTTP route
+    auth_token: bool = True  # Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled
 
 
 @dataclass
@@ -213,6 +217,9 @@ class ZipRLConfig:
             (self.retriever.snippet_chars >= 1 and self.retriever.batch_size >= 1,
              "retriever.snippet_chars and retriever.batch_size must be >= 1"),
             (self.ray.http_port is None or 1 <= self.ray.http_port <= 65535, "ray.http_port must be in 1..65535"),
+            (self.ray.http_port is None or self.ray.http_host in LOOPBACK or bool(os.environ.get(HTTP_TOKEN_ENV)),
+             f"ray.http_host={self.ray.http_host} exposes the retriever beyond this machine: set {HTTP_TOKEN_ENV} to a "
+             "secret token (clients send 'Authorization: Bearer <token>'), or bind ray.http_host=127.0.0.1"),
             (e.strategy in STRATEGIES, f"env.strategy must be one of {STRATEGIES}, got {e.strategy!r}"),
             (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
             (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
