@@ -32,7 +32,7 @@ def check_step(env: SearchCompressEnv, text: str) -> None:
     assert (info["format_error"] is None) == (info["action"] != "invalid")
 
 
-@pytest.mark.parametrize("level", ["²", "３", "٣", "𝟑", "①", "3\u0663"])
+@pytest.mark.parametrize("level", ["²", "３", "٣", "𝟑", "①", "3\u0663", "\x1c1", "\u20031"])
 def test_non_ascii_digit_levels_are_format_errors(level):
     parsed = parse_turn(f'<compress level="{level}">note</compress><answer>x</answer>')
     assert parsed.level is None and "ASCII digit from 1 to 5" in parsed.error

@@ -25,7 +25,7 @@ TAGS = ("think", "compress", *ACTIONS)
 
 _TAG_RE = re.compile(r"<(/?)(think|compress|search|open|answer)\b([^<>]*)>", re.IGNORECASE)
 _LEVEL_RE = re.compile(r"""^\s*level\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+))\s*$""", re.IGNORECASE)
-_ASCII_LEVEL_RE = re.compile(r"^[1-5]$", re.ASCII)
+_ASCII_LEVEL_RE = re.compile(r"^[ \t]*([1-5])[ \t]*$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 HIT_MARK = "\u2023"  # '‣' opens every search-hit line; scrub() replaces it in all other text
 HIT_LINE_RE = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] (.*)$", re.MULTILINE)
@@ -83,9 +83,10 @@ def _parse_level(attrs: str) -> tuple[int | None, str | None]:
     if not attrs.strip() or m is None:
         return None, 'the <compress> tag needs a level attribute, e.g. <compress level="3">'
     raw = next(g for g in m.groups() if g is not None)
-    if not _ASCII_LEVEL_RE.match(raw.strip()):  # ASCII digits only: '²', '３', '٣' are not levels
+    level = _ASCII_LEVEL_RE.match(raw)  # ASCII digits only: '²', '３', '٣' are not levels
+    if level is None:
         return None, f"compression level must be an ASCII digit from 1 to 5, got {raw[:20]!r}"
-    return int(raw), None
+    return int(level.group(1)), None
 
 
 def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
