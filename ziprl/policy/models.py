@@ -74,6 +74,9 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
 
 def check_model_paths(model_path: str | None, sft_checkpoint: str | None = None) -> None:
     """Fail fast (before any data or model loads) when ``model.path`` or ``run.sft_checkpoint`` is not a model."""
+    if sft_checkpoint and not Path(sft_checkpoint).expanduser().is_dir():
+        raise ModelPathError(f"run.sft_checkpoint {sft_checkpoint} is not a directory; pass the model directory a "
+                             "Stage 1 SFT run wrote (<out>/model), or drop --sft-checkpoint to run Stage 1")
     for field, value in (("model.path", model_path), ("run.sft_checkpoint", sft_checkpoint)):
         if value:
             try:
