@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ziprl.config import ConfigError, ZipRLConfig, load_config
+from ziprl.config import ConfigError, ZipRLConfig, check_top_k, load_config
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import save_trajectories
 from ziprl.errors import run_command
@@ -49,6 +49,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     stream = QuestionStream(examples, cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
+    check_top_k(cfg.env, len(retriever))
     trainer = Trainer(cfg, model_path)
     if cfg.run.resume and (ckpt := latest_checkpoint(out)) is not None:
         stream.restore(load_checkpoint(trainer, ckpt))
