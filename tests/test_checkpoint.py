@@ -50,22 +50,24 @@ def test_resume_is_exact(save_stage, load_stage, tiny_model_dir, batches, tmp_pa
     assert again["grad_norm"] == pytest.approx(third["grad_norm"], rel=1e-6 if save_stage == load_stage else 1e-5)
     for name, value in resumed.named_weights_numpy().items():
         np.testing.assert_allclose(value, weights[name], rtol=1e-6, atol=1e-7, err_msg=name)
-    assert path == tmp_path / "checkpoints" / "step_2" and latest_checkpoint(tmp_path) == path
+    assert path.parent == tmp_path / "checkpoints" and path.name.startswith("step_2-")
+    assert latest_checkpoint(tmp_path) == path
 
 
 def test_layout_latest_pointer_and_retention(tiny_model_dir, batches, tmp_path):
     assert latest_checkpoint(tmp_path) is None
     run = Trainer(make_cfg(beta=0.0), tiny_model_dir)
+    paths = []
     for step in range(3):
         run.train_step(batches[step])
-        save_checkpoint(run, tmp_path, {"step": step}, keep=2)
+        paths.append(save_checkpoint(run, tmp_path, {"step": step}, keep=2))
     root = tmp_path / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_3"]
-    assert latest_checkpoint(tmp_path) == root / "step_3"
-    files = sorted(p.name for p in (root / "step_3").iterdir())
+    assert sorted(p.name for p in root.iterdir()) == sorted(["latest", paths[1].name, paths[2].name])
+    assert latest_checkpoint(tmp_path) == paths[2]
+    files = sorted(p.name for p in paths[2].iterdir())
     assert files == ["model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"]
-    state = json.loads((root / "step_3" / "state.json").read_text())
+    state = json.loads((paths[2] / "state.json").read_text())
     assert state["step"] == 3 and state["data_position"] == {"step": 2} and state["optimizer"]["step"] == 3.0
-    assert load_checkpoint(Trainer(make_cfg(beta=0.0), tiny_model_dir), root / "step_2") == {"step": 1}
+    assert load_checkpoint(Trainer(make_cfg(beta=0.0), tiny_model_dir), paths[1]) == {"step": 1}
     with pytest.raises(FileNotFoundError):
         load_checkpoint(run, tmp_path / "nowhere")

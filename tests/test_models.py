@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,11 +70,22 @@ def test_local_path_is_validated(tmp_path):
         resolve_model_path(ModelConfig(path="HuggingFaceTB/SmolLM2-135M-Instruct-not-here"))
     with pytest.raises(ModelPathError, match="config.json"):
         resolve_model_path(ModelConfig(path=str(tmp_path)))
+    (tmp_path / "config.json").write_text("<html>")
+    with pytest.raises(ModelPathError, match="not valid JSON"):
+        resolve_model_path(ModelConfig(path=str(tmp_path)))
     (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelPathError, match="no model_type"):
+        resolve_model_path(ModelConfig(path=str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ModelPathError, match="safetensors"):
         resolve_model_path(ModelConfig(path=str(tmp_path)))
-    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 9)
+    with pytest.raises(ModelPathError, match="truncated or not a safetensors file"):
+        resolve_model_path(ModelConfig(path=str(tmp_path)))
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(2, np.float32)}, str(tmp_path / "model.safetensors"))
     assert resolve_model_path(ModelConfig(path=str(tmp_path))) == tmp_path
 
 

@@ -269,22 +269,22 @@ def test_cli_build_search_open(passages, tmp_path, capsys):
     ["search", "--index", "/nonexistent/idx", "query"],
 ])
 def test_cli_errors_exit_nonzero_without_traceback(args, capsys):
-    assert cli(args) == 1
+    assert cli(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
 
 
 def test_cli_bad_k_and_unknown_id(flat_dir, capsys):
-    assert cli(["search", "--index", str(flat_dir), "q", "-k", "0"]) == 1
+    assert cli(["search", "--index", str(flat_dir), "q", "-k", "0"]) == 2
     assert "k must be an integer" in capsys.readouterr().err
-    assert cli(["open", "--index", str(flat_dir), "zzz"]) == 1
+    assert cli(["open", "--index", str(flat_dir), "zzz"]) == 2
     assert "unknown document id 'zzz'" in capsys.readouterr().err
 
 
 def test_cli_subprocess_error():
     proc = subprocess.run([sys.executable, "-m", "ziprl.index", "search", "--index", "/nonexistent", "q"],
                           capture_output=True, text=True)
-    assert proc.returncode == 1 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_shipped_sample_index_matches_the_shipped_corpus(tmp_path, monkeypatch):

@@ -82,8 +82,13 @@ def port() -> int:
         return s.getsockname()[1]
 
 
+TOKEN = "test-token"
+
+
 @pytest.fixture(scope="module")
 def client(index_dir, port):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ZIPRL_HTTP_TOKEN", TOKEN)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray_cfg = RayConfig(retriever_replicas=1, retriever_cpus=0.5, retriever_max_batch=16, http_port=port)
     handle = deploy_retriever(RetrieverConfig(index_dir=str(index_dir)), ray_cfg, name="test_retriever",
@@ -91,6 +96,7 @@ def client(index_dir, port):
     yield ServeRetrieverClient(handle)
     serve.shutdown()
     ray.shutdown()
+    mp.undo()
 
 
 def _queries(passages: list[Passage], n: int) -> list[str]:
@@ -173,19 +179,23 @@ def test_http_route_on_loopback_with_limits(client, port, passages):
     listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
     assert listening == {"127.0.0.1"}
     base = f"http://127.0.0.1:{port}/test_retriever"
-    ok = requests.post(f"{base}/search", json={"queries": _queries(passages, 2), "k": 2}, timeout=30)
+    assert requests.post(f"{base}/search", json={"queries": ["x"], "k": 1}, timeout=30).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    deep = requests.post(f"{base}/search", data=b"[" * 100_000 + b"]" * 100_000, headers=auth, timeout=30)
+    assert deep.status_code == 400 and "nested deeper" in deep.json()["error"]
+    ok = requests.post(f"{base}/search", json={"queries": _queries(passages, 2), "k": 2}, headers=auth, timeout=30)
     assert ok.status_code == 200 and [len(h) for h in ok.json()["hits"]] == [2, 2]
-    long = requests.post(f"{base}/search", json={"queries": ["x" * 1001], "k": 2}, timeout=30)
+    long = requests.post(f"{base}/search", json={"queries": ["x" * 1001], "k": 2}, headers=auth, timeout=30)
     assert long.status_code == 400 and "limit is 1000" in long.json()["error"]
-    big_k = requests.post(f"{base}/search", json={"queries": ["x"], "k": MAX_K + 1}, timeout=30)
+    big_k = requests.post(f"{base}/search", json={"queries": ["x"], "k": MAX_K + 1}, headers=auth, timeout=30)
     assert big_k.status_code == 400 and "k must be" in big_k.json()["error"]
-    batch = requests.post(f"{base}/search", json={"queries": ["x"] * 65, "k": 1}, timeout=30)
+    batch = requests.post(f"{base}/search", json={"queries": ["x"] * 65, "k": 1}, headers=auth, timeout=30)
     assert batch.status_code == 400
-    assert requests.post(f"{base}/search", data=b"not json", timeout=30).status_code == 400
-    assert requests.post(f"{base}/search", data=b"x" * (1 << 21), timeout=30).status_code == 413
-    missing = requests.post(f"{base}/open", json={"doc_id": "no-such-doc"}, timeout=30)
+    assert requests.post(f"{base}/search", data=b"not json", headers=auth, timeout=30).status_code == 400
+    assert requests.post(f"{base}/search", data=b"x" * (1 << 21), headers=auth, timeout=30).status_code == 413
+    missing = requests.post(f"{base}/open", json={"doc_id": "no-such-doc"}, headers=auth, timeout=30)
     assert missing.status_code == 404 and "no-such-doc" in missing.json()["error"]
-    opened = requests.post(f"{base}/open", json={"doc_id": passages[0].doc_id}, timeout=30)
+    opened = requests.post(f"{base}/open", json={"doc_id": passages[0].doc_id}, headers=auth, timeout=30)
     assert opened.json()["passage"]["text"] == passages[0].text
 
 

@@ -98,9 +98,8 @@ def test_cli_rejects_a_bad_demo_file_before_loading_a_model(tmp_path, monkeypatc
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr("ziprl.policy.models.resolve_model_path", no_model)
-    with pytest.raises(SystemExit) as exc:
-        main(["--demos", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "run")])
-    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+    assert main(["--demos", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "run")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def mean_nll(model_dir: Path, rows: list[SFTRow]) -> float:

@@ -100,7 +100,7 @@ class ChatTokenizer(ByteTokenizer):
         assert tokenize is False and add_generation_prompt
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         return ([1] if add_special_tokens else []) + super().encode(text)
 
 

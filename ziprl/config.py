@@ -7,6 +7,8 @@ Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("adaptive", "uniform", "react", "summary")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
 
 
 class ConfigError(ValueError):
@@ -154,8 +158,9 @@ class RayConfig:
     retriever_cpus: float = 0.5
     retriever_max_batch: int = 32
     max_staleness: int = 1  # groups may train at most this many versions after their weights; 0 = on-policy
-    http_host: str = "127.0.0.1"
+    http_host: str = "127.0.0.1"  # beyond loopback needs $ZIPRL_HTTP_TOKEN (docs/security.md)
     http_port: int | None = None  # None = no HTTP route
+    auth_token: bool = True  # Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled
 
 
 @dataclass
@@ -193,8 +198,37 @@ class ZipRLConfig:
 
     def validate(self) -> ZipRLConfig:
         """Raise ConfigError on values that would fail later; returns self."""
-        e, s, lr = self.env, self.env.scoring, self.learner
+        e, s, lr, run = self.env, self.env.scoring, self.learner, self.run
+        for where, value in _float_fields(self):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where} must be a finite number, got {value}")
+        weights = (s.w_ratio, s.w_level, s.w_info, s.w_sem)
         checks = [
+            (min(weights) >= 0 and sum(weights) > 0,
+             f"env.scoring weights w_ratio, w_level, w_info, w_sem must be >= 0 with a positive sum, got {weights}"),
+            (e.memory_max_chars is None or e.memory_max_chars >= 0,
+             f"env.memory_max_chars must be >= 0 (0 = no bound) or null (the default budget), got {e.memory_max_chars}"),
+            (e.max_response_chars >= MIN_RESPONSE_CHARS, f"env.max_response_chars must be >= {MIN_RESPONSE_CHARS} "
+             f"(room for a compress block and an action), got {e.max_response_chars}"),
+            (lr.lr > 0, f"learner.lr must be > 0, got {lr.lr}"),
+            (self.sft.lr > 0, f"sft.lr must be > 0, got {self.sft.lr}"),
+            (lr.weight_decay >= 0 and lr.warmup_steps >= 0, "learner.weight_decay and learner.warmup_steps must be >= 0"),
+            (lr.max_grad_norm > 0 and lr.adv_eps > 0, "learner.max_grad_norm and learner.adv_eps must be > 0"),
+            (min(lr.steps, lr.global_batch_questions, lr.micro_batch_turns) >= 1,
+             "learner.steps, learner.global_batch_questions and learner.micro_batch_turns must be >= 1"),
+            (min(self.sft.epochs, self.sft.micro_batch) >= 1 and self.sft.max_seq_len >= 2,
+             "sft.epochs and sft.micro_batch must be >= 1, sft.max_seq_len >= 2"),
+            (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1, got {run.checkpoint_every}"),
+            (run.log_every >= 1, f"run.log_every must be >= 1, got {run.log_every}"),
+            (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
+            (self.data.limit is None or self.data.limit >= 1, f"data.limit must be >= 1 or null, got {self.data.limit}"),
+            (self.demos.limit >= 0, f"demos.limit must be >= 0 (0 = every question), got {self.demos.limit}"),
+            (self.retriever.snippet_chars >= 1 and self.retriever.batch_size >= 1,
+             "retriever.snippet_chars and retriever.batch_size must be >= 1"),
+            (self.ray.http_port is None or 1 <= self.ray.http_port <= 65535, "ray.http_port must be in 1..65535"),
+            (self.ray.http_port is None or self.ray.http_host in LOOPBACK or bool(os.environ.get(HTTP_TOKEN_ENV)),
+             f"ray.http_host={self.ray.http_host} exposes the retriever beyond this machine: set {HTTP_TOKEN_ENV} to a "
+             "secret token (clients send 'Authorization: Bearer <token>'), or bind ray.http_host=127.0.0.1"),
             (e.strategy in STRATEGIES, f"env.strategy must be one of {STRATEGIES}, got {e.strategy!r}"),
             (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
             (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
@@ -234,6 +268,28 @@ class ZipRLConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+MIN_RESPONSE_CHARS = 64  # env.max_response_chars floor: a compress block plus one action
+
+
+def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted name, value) of every float-valued field, nested sections included."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value, where = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out += _float_fields(value, where + ".")
+        elif isinstance(value, float):
+            out.append((where, value))
+    return out
+
+
+def check_top_k(env: EnvConfig, num_docs: int) -> None:
+    """ConfigError when ``env.top_k`` exceeds the corpus size (every search would be a tool error)."""
+    if env.top_k > num_docs:
+        raise ConfigError(f"env.top_k={env.top_k} is more than the corpus's {num_docs} passages; "
+                          f"set env.top_k <= {num_docs}")
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -314,6 +370,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} does not exist")
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              "save it as UTF-8") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):

@@ -10,8 +10,10 @@ import argparse
 from ziprl.config import EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
+from ziprl.errors import run_command
 
 
+@run_command
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=2)
@@ -36,4 +38,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

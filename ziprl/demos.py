@@ -25,6 +25,7 @@ from ziprl.env import SearchCompressEnv
 from ziprl.env.datasets import load_dataset
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.types import QAExample, RetrieverLike
+from ziprl.errors import run_command
 
 SCHEMA = pa.schema([("question_id", pa.string()), ("source", pa.string()), ("turn", pa.int32()),
                     ("messages", pa.string()), ("response", pa.string()), ("action", pa.string()),
@@ -93,6 +94,7 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
     return path, counts
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config")

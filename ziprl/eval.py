@@ -17,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from ziprl.config import STRATEGIES, ConfigError, RetrieverConfig, ZipRLConfig, load_config
+from ziprl.config import STRATEGIES, ConfigError, RetrieverConfig, ZipRLConfig, check_top_k, load_config
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.errors import run_command
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
+from ziprl.policy.models import check_model_paths
 
 COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
            ("finish_rate", "finish rate"), ("format_error_rate", "format errors/turn"),
@@ -56,6 +58,7 @@ def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool 
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
+    check_top_k(cfg.env, len(retriever))
     engine = make_engine(cfg.model)
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, float]] = {}
@@ -81,6 +84,7 @@ def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool 
     return rows
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config")
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_model_paths(cfg.model.path)
     evaluate(cfg, strategies, Path(args.out))
     print(f"[eval] report: {Path(args.out) / 'report.md'}")
     return 0

@@ -13,6 +13,7 @@ import logging
 import sys
 
 from ziprl.env.retriever import INDEX_TYPES, Encoder, Retriever, build_index
+from ziprl.errors import run_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,23 +38,20 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        if args.command == "build":
-            encoder = Encoder(args.encoder, args.query_prefix, args.passage_prefix, args.batch_size)
-            out = build_index(args.corpus, args.out, encoder, args.index, args.batch_size, not args.no_progress)
-            print(out)
-        elif args.command == "search":
-            for rank, hit in enumerate(Retriever.load(args.index).search([args.query], args.k)[0], start=1):
-                print(f"{rank}. [{hit.doc_id}] {hit.title}  (score {hit.score:.3f})\n   {hit.snippet}")
-        else:
-            p = Retriever.load(args.index).open(args.doc_id)
-            print(f"[{p.doc_id}] {p.title}\n{p.text}" + (f"\n{p.url}" if p.url else ""))
-    except (ValueError, KeyError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    if args.command == "build":
+        encoder = Encoder(args.encoder, args.query_prefix, args.passage_prefix, args.batch_size)
+        out = build_index(args.corpus, args.out, encoder, args.index, args.batch_size, not args.no_progress)
+        print(out)
+    elif args.command == "search":
+        for rank, hit in enumerate(Retriever.load(args.index).search([args.query], args.k)[0], start=1):
+            print(f"{rank}. [{hit.doc_id}] {hit.title}  (score {hit.score:.3f})\n   {hit.snippet}")
+    else:
+        p = Retriever.load(args.index).open(args.doc_id)
+        print(f"[{p.doc_id}] {p.title}\n{p.text}" + (f"\n{p.url}" if p.url else ""))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Train ZipRL on Ray, following the paper's Algorithm 1.
 
     python -m ziprl.launch [--num-rollout-actors N] [--config FILE.yaml] [--address auto] [--steps N]
-                           [--out runs/launch] [--resume] [--sft-checkpoint DIR] [--set section.field=value ...]
+                           [--out runs/launch] [--resume | --overwrite] [--sft-checkpoint DIR] [--set section.field=value ...]
 
 Stage 1 (skipped when an SFT checkpoint is given): synthesise scripted-teacher demonstrations and
 fine-tune the policy on them; cached by configuration, so a second run reuses it.
@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 from ziprl.config import ConfigError, ZipRLConfig, load_config
+from ziprl.errors import run_command
+from ziprl.policy.models import check_model_paths
+from ziprl.rundir import prepare_run_dir, write_config
 
 
 def stage1_dir(cfg: ZipRLConfig) -> Path:
@@ -77,8 +80,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     out = Path(cfg.run.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_config(out, cfg.to_dict())
     init_ray(cfg.ray)
     logger = MetricsLogger(out)
     source = None
@@ -100,6 +102,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         ray.shutdown()
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-rollout-actors", type=int)
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--out")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="delete the run already in --out and start afresh")
     ap.add_argument("--sft-checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
+    prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     try:
         launch(cfg)
     except KeyboardInterrupt:

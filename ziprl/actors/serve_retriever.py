@@ -8,13 +8,21 @@ an HTTP route is added only when ``RayConfig.http_port`` is set, bound to ``RayC
 
     POST /retriever/search  {"queries": ["..."], "k": 5}  -> {"hits": [[{doc_id, title, snippet, score, url}]]}
     POST /retriever/open    {"doc_id": "..."}             -> {"passage": {doc_id, title, text, url}}  (404 if unknown)
+
+When ``$ZIPRL_HTTP_TOKEN`` is set, every HTTP request needs ``Authorization: Bearer <token>`` (401 otherwise);
+binding beyond loopback (``ray.http_host`` not 127.0.0.1/localhost/::1) warns and requires the token. Bodies are
+limited in size (413) and JSON nesting depth (400), so no request can raise inside the replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
+import logging
+import os
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +33,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ziprl.config import RayConfig, RetrieverConfig, _from_dict
+from ziprl.config import HTTP_TOKEN_ENV, LOOPBACK, ConfigError, RayConfig, RetrieverConfig, _from_dict
 from ziprl.env.retriever import Retriever, RetrieverError, UnknownDocument
 from ziprl.env.types import Hit, Passage
 
@@ -33,6 +41,35 @@ MAX_K = 100
 MAX_QUERY_CHARS = 1000  # HTTP only; in-cluster callers are trusted
 MAX_HTTP_BATCH = 64
 MAX_HTTP_BODY = 1 << 20
+MAX_JSON_DEPTH = 8  # a search body is 3 levels deep
+_JSON_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+log = logging.getLogger(__name__)
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of arrays/objects in a JSON text (brackets inside strings ignored); no recursion."""
+    depth = deepest = 0
+    for b in _JSON_STRING_RE.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        depth += 1 if b in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def parse_body(raw: bytes) -> dict | str:
+    """The JSON object of a request body, or why it is not one (too deep, not JSON, not an object)."""
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "body must be JSON"
+    return body if isinstance(body, dict) else "body must be a JSON object"
+
+
+def authorized(header: str | None, token: str | None) -> bool:
+    """True when no token is required, or the Authorization header carries it (constant-time compare)."""
+    return token is None or hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
 HEALTH_QUERY = "health check"
 
 
@@ -52,8 +89,10 @@ def search_error(query: Any, k: Any, num_docs: int, max_chars: int | None = None
 class RetrieverDeployment:
     """One replica = one loaded index. Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``stats()``."""
 
-    def __init__(self, retriever: RetrieverConfig | dict, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01):
+    def __init__(self, retriever: RetrieverConfig | dict, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01,
+                 http_token: str | None = None):
         cfg = _from_dict(RetrieverConfig, retriever) if isinstance(retriever, dict) else retriever
+        self._http_token = http_token
         self._retriever = Retriever.from_config(cfg)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever")
         self._search_batch.set_max_batch_size(max_batch_size)
@@ -108,17 +147,16 @@ class RetrieverDeployment:
 
     async def __call__(self, request: Request) -> JSONResponse:
         """HTTP: POST .../search or .../open with a JSON body; 400 with a message on bad input."""
+        if not authorized(request.headers.get("authorization"), self._http_token):
+            return _error(401, "missing or wrong 'Authorization: Bearer <token>' header")
         raw = b""
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > MAX_HTTP_BODY:
                 return _error(413, f"body larger than {MAX_HTTP_BODY} bytes")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return _error(400, "body must be JSON")
-        if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
+        body = parse_body(raw)
+        if isinstance(body, str):
+            return _error(400, body)
         route = request.url.path.rstrip("/").rsplit("/", 1)[-1]
         if route == "search":
             queries = body.get("queries")
@@ -153,9 +191,16 @@ def deploy_retriever(
     ``max(1, floor(retriever_cpus))`` encoder threads); the HTTP route ``/<name>`` is served on
     ``ray_cfg.http_host:http_port`` only when ``http_port`` is set (no proxy otherwise).
     """
+    token = os.environ.get(HTTP_TOKEN_ENV) or None
     if ray_cfg.http_port is None:
         serve.start(proxy_location="Disabled")
     else:
+        if ray_cfg.http_host not in LOOPBACK:
+            if token is None:
+                raise ConfigError(f"ray.http_host={ray_cfg.http_host} exposes the retriever beyond this machine: set "
+                                  f"{HTTP_TOKEN_ENV} to a secret token (clients send 'Authorization: Bearer <token>')")
+            log.warning("the retriever's HTTP route listens on %s:%s, reachable from other machines; it requires "
+                        "the %s bearer token", ray_cfg.http_host, ray_cfg.http_port, HTTP_TOKEN_ENV)
         serve.start(proxy_location="HeadOnly", http_options={"host": ray_cfg.http_host, "port": ray_cfg.http_port})
     batch = ray_cfg.retriever_max_batch
     app = RetrieverDeployment.options(
@@ -164,7 +209,7 @@ def deploy_retriever(
         ray_actor_options={"num_cpus": ray_cfg.retriever_cpus},
         max_ongoing_requests=2 * batch,  # >= max batch, so one batch fills while the previous one runs
         logging_config={"enable_access_log": False},  # one line per search would flood the driver log
-    ).bind(dataclasses.asdict(cfg), batch, batch_wait_timeout_s)
+    ).bind(dataclasses.asdict(cfg), batch, batch_wait_timeout_s, token)
     route = f"/{name}" if ray_cfg.http_port is not None else None
     return serve.run(app, name=name, route_prefix=route)
 

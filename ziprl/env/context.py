@@ -17,6 +17,7 @@ from ziprl.scoring.keywords import extract_keywords, sentences
 from ziprl.scoring.levels import level_spec
 
 SUMMARY_LEVEL = 2  # the summary baseline's fixed budget
+REJECTED_KEEP = 2000  # react keeps at most this many characters of a rejected response (memory stays bounded)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class ContextState:
         """A malformed turn: nothing is applied; the pending observation stays and the error is shown."""
         self.notice = error
         if self.strategy == "react":
+            if len(response) > REJECTED_KEEP:
+                response = f"{response[:REJECTED_KEEP]}… [{len(response) - REJECTED_KEEP} more characters cut]"
             self.history.append((response, ""))
 
     def _remember(self, note: Note) -> None:

@@ -349,7 +349,8 @@ def load_qa_jsonl(path: str | Path) -> list[QAExample]:
     """A unified-schema QA file: one ``{id, question, answers, supporting_titles?, source?}`` per line."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise DatasetError(f"QA file {path} does not exist")
+        raise DatasetError(f"QA file {path} does not exist; pass a dataset name ({', '.join(NAMES)}) or the path "
+                           "of a unified-schema .jsonl file")
     out: list[QAExample] = []
     seen: dict[str, int] = {}
     for n, r in enumerate(_records(path), start=1):

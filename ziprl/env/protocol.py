@@ -7,18 +7,28 @@ A well-formed turn is (text outside the tags is ignored)::
     <search>query</search>  |  <open>doc-id</open>  |  <answer>final answer</answer>
 
 Parsing never raises: every problem becomes ``ParsedTurn.error``, a message meant for the agent.
+
+Text from outside the model (passages, titles, tool results, teacher notes, the question) passes through
+:func:`escape` before it enters a prompt or a training target; :func:`scrub` is its first half, for raw text an
+observation stores. Search-hit lines start with :data:`HIT_MARK`, which scrub removes from any other text, so a
+passage cannot forge a hit line (:func:`parse_hits` reads only marked lines).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 ACTIONS = ("search", "open", "answer")
 TAGS = ("think", "compress", *ACTIONS)
 
 _TAG_RE = re.compile(r"<(/?)(think|compress|search|open|answer)\b([^<>]*)>", re.IGNORECASE)
 _LEVEL_RE = re.compile(r"""^\s*level\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+))\s*$""", re.IGNORECASE)
+_ASCII_LEVEL_RE = re.compile(r"^[ \t]*([1-5])[ \t]*$")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+HIT_MARK = "\u2023"  # '‣' opens every search-hit line; scrub() replaces it in all other text
+HIT_LINE_RE = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] (.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -32,9 +42,35 @@ class ParsedTurn:
     error: str | None = None
 
 
+def scrub(text: str) -> str:
+    """Raw outside text made safe to store: lone surrogates become U+FFFD, the hit marker becomes '>'."""
+    return _SURROGATE_RE.sub("\ufffd", text).replace(HIT_MARK, ">")
+
+
 def escape(text: str) -> str:
-    """Neutralise markup in untrusted text so it can never open or close a protocol or chat tag."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Neutralise untrusted text so it can never open or close a protocol or chat tag (``<|im_end|>`` included),
+    forge a hit line, or carry a lone surrogate into a tokenizer."""
+    return scrub(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(scrub(text).split())
+
+
+def format_hits(hits: list[Any]) -> str:
+    """A search observation: per hit a marked ``‣ [doc-id] Title`` line, then its snippet (scrubbed)."""
+    return "\n".join(f"{HIT_MARK} [{_one_line(h.doc_id)}] {_one_line(h.title)}\n{scrub(h.snippet)}" for h in hits) \
+        or "(no results)"
+
+
+def format_passage(passage: Any, max_chars: int) -> str:
+    """An open-page observation: ``[doc-id] Title`` and the passage's first ``max_chars`` characters (scrubbed)."""
+    return f"[{_one_line(passage.doc_id)}] {_one_line(passage.title)}\n{scrub(passage.text[:max_chars])}"
+
+
+def parse_hits(text: str) -> list[tuple[str, str]]:
+    """(doc id, title) of every marked hit line of a search observation, in order."""
+    return HIT_LINE_RE.findall(text)
 
 
 def unescape(text: str) -> str:
@@ -47,9 +83,10 @@ def _parse_level(attrs: str) -> tuple[int | None, str | None]:
     if not attrs.strip() or m is None:
         return None, 'the <compress> tag needs a level attribute, e.g. <compress level="3">'
     raw = next(g for g in m.groups() if g is not None)
-    if not raw.strip().isdigit() or not 1 <= int(raw) <= 5:
-        return None, f"compression level must be an integer from 1 to 5, got {raw[:20]!r}"
-    return int(raw), None
+    level = _ASCII_LEVEL_RE.match(raw)  # ASCII digits only: '²', '３', '٣' are not levels
+    if level is None:
+        return None, f"compression level must be an ASCII digit from 1 to 5, got {raw[:20]!r}"
+    return int(level.group(1)), None
 
 
 def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:

@@ -7,15 +7,12 @@ would not (apart from the gold answer and supporting titles it is scripted to us
 
 from __future__ import annotations
 
-import re
-
 from ziprl.env.context import Observation
+from ziprl.env.protocol import HIT_MARK, escape, parse_hits
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.scoring.keywords import extract_keywords, sentences
 from ziprl.scoring.levels import level_spec
 from ziprl.scoring.metrics import normalize_answer
-
-_HIT_RE = re.compile(r"^\[([^\]\n]+)\] (.*)$", re.MULTILINE)
 
 
 def relevance_level(question: str, answers: list[str], text: str) -> int:
@@ -74,7 +71,8 @@ class ScriptedTeacher:
         ex, scale = env.example, env.config.scoring.level_scale
         level = env.config.uniform_level if env.config.strategy == "uniform" else relevance_level(ex.question, ex.answers, obs.text)
         spec = level_spec(level, scale)
-        return level, extractive_note(ex.question, ex.answers, obs.text, spec.char_low, spec.char_high)
+        text = obs.text.replace(f"{HIT_MARK} ", "")  # hit lines read as "[doc-id] Title"
+        return level, extractive_note(ex.question, ex.answers, text, spec.char_low, spec.char_high)
 
     def respond(self, env: SearchCompressEnv) -> str:
         if env.turn == 0 or env.example.question != self._question:
@@ -84,23 +82,23 @@ class ScriptedTeacher:
             level, note = 1, f"I need to find: {self._question}"
         else:
             level, note = self._note(env, pending)
-        return f'<compress level="{level}">{note}</compress>\n' + self._next_action(env, pending)
+        return f'<compress level="{level}">{escape(note)}</compress>\n' + self._next_action(env, pending)
 
     def _next_action(self, env: SearchCompressEnv, pending: Observation | None) -> str:
         last_turn = env.turn >= env.config.max_turns - 1
         if pending is not None and pending.label.startswith("search") and self._todo and not last_turn:
             target = self._todo[0]
-            hits = _HIT_RE.findall(pending.text)
+            hits = parse_hits(pending.text)
             match = next((doc for doc, title in hits if title.strip().lower() == target.lower()), None)
             if match is None and not self._retried:
                 self._retried = True
-                return f"<search>{target} {self._question}</search>"
+                return f"<search>{escape(target)} {escape(self._question)}</search>"
             self._todo.pop(0)
             self._retried = False
             match = match or (hits[0][0] if hits else None)
             if match and match not in self._opened:
                 self._opened.add(match)
-                return f"<open>{match}</open>"
+                return f"<open>{escape(match)}</open>"
         if self._todo and not last_turn:
-            return f"<search>{self._todo[0]}</search>"
-        return f"<answer>{env.example.answers[0]}</answer>"
+            return f"<search>{escape(self._todo[0])}</search>"
+        return f"<answer>{escape(env.example.answers[0])}</answer>"

@@ -8,10 +8,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from ziprl.config import EnvConfig, RetrieverConfig, _from_dict
+from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, _from_dict, check_top_k
 from ziprl.env.context import ContextState, Observation
 from ziprl.env.prompts import system_prompt
-from ziprl.env.protocol import ParsedTurn, parse_turn, unescape
+from ziprl.env.protocol import ParsedTurn, format_hits, format_passage, parse_turn, scrub, unescape
 from ziprl.env.types import QAExample, RetrieverLike
 from ziprl.scoring import CompressionScore, compression_quality, exact_match, f1_score, level_spec
 
@@ -63,6 +63,9 @@ class SearchCompressEnv(gym.Env):
         render_mode: str | None = None,
     ):
         self.config = _from_dict(EnvConfig, config) if isinstance(config, dict) else (config or EnvConfig())
+        ZipRLConfig(env=self.config).validate()
+        if retriever is not None and hasattr(retriever, "__len__"):
+            check_top_k(self.config, len(retriever))
         if isinstance(retriever_config, dict):
             retriever_config = _from_dict(RetrieverConfig, retriever_config)
         self._retriever = retriever
@@ -145,13 +148,13 @@ class SearchCompressEnv(gym.Env):
         try:
             if parsed.action == "search":
                 hits = self.retriever.search([arg], c.top_k)[0]
-                text = "\n".join(f"[{h.doc_id}] {h.title}\n{h.snippet}" for h in hits) or "(no results)"
+                text = format_hits(hits)
                 return Observation(self.turn, f'search "{arg[:200]}"', text), None, 0.0, {}
             try:
                 p = self.retriever.open(arg)
             except KeyError:
                 p = self.retriever.open(parsed.argument)  # the id as written, if it holds '&'
-            return Observation(self.turn, f"open {arg[:200]}", f"[{p.doc_id}] {p.title}\n{p.text[: c.open_max_chars]}"), None, 0.0, {}
+            return Observation(self.turn, f"open {arg[:200]}", format_passage(p, c.open_max_chars)), None, 0.0, {}
         except KeyError:
             return None, f"no document with id {arg[:200]!r}; open an id shown in search results", 0.0, {}
         except ValueError as exc:
@@ -162,6 +165,7 @@ class SearchCompressEnv(gym.Env):
             raise RuntimeError("the episode is over (or never started): call reset() before step()")
         c, ctx = self.config, self.context
         self.turn += 1
+        action = scrub(action) if isinstance(action, str) else action  # lone surrogates never reach a tokenizer
         parsed = parse_turn(action, c.max_response_chars)
         if parsed.error is None and c.strategy in COMPRESSING and parsed.compression is None:
             parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')

@@ -25,14 +25,14 @@ import gymnasium as gym
 import numpy as np
 
 from ziprl.config import DataConfig, ModelConfig, _from_dict
-from ziprl.env.protocol import escape
+from ziprl.env.chat import chat_ids
+from ziprl.env.protocol import HIT_LINE_RE, escape, parse_hits
 from ziprl.env.scripted import extractive_note
 from ziprl.env.search_env import SearchCompressEnv, render_messages
 from ziprl.scoring.keywords import extract_keywords, sentences, stopwords
 from ziprl.scoring.levels import level_spec
 from ziprl.scoring.metrics import normalize_answer
 
-_HIT_RE = re.compile(r"^\[([^\]\n]+)\] (.*)$", re.MULTILINE)
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
 _SPAN_RES = (
     re.compile(rf"\b{_MONTH} \d{{1,2}}, \d{{4}}\b|\b\d{{1,2}} {_MONTH} \d{{4}}\b"),  # dates
@@ -82,7 +82,7 @@ def answer_spans(question: str, texts: Sequence[str], limit: int) -> list[str]:
     scored: list[tuple[int, int, str]] = []
     for text in texts:
         for line in text.splitlines():
-            for sent in sentences(_HIT_RE.sub(r"\2", line)):
+            for sent in sentences(HIT_LINE_RE.sub(r"\2", line)):
                 overlap, taken = len(qk & extract_keywords(sent)), set()
                 for pattern in _SPAN_RES:  # in priority order: a span inside an earlier one is skipped
                     for m in pattern.finditer(sent):
@@ -127,7 +127,7 @@ class HeuristicCandidates:
         searches = [q for q in queries if f'search "{q[:200]}"' not in done]
         opens = []
         if ctx.pending is not None and ctx.pending.label.startswith("search"):
-            ids = dict.fromkeys(doc for doc, _ in _HIT_RE.findall(ctx.pending.text))
+            ids = dict.fromkeys(doc for doc, _ in parse_hits(ctx.pending.text))
             opens = [doc for doc in ids if f"open {doc}" not in done]
         texts = ([ctx.pending.text] if ctx.pending else []) + [n.text for n in reversed(ctx.memory)]
         answers = answer_spans(question, texts, self.max_answers)
@@ -143,7 +143,7 @@ class HeuristicCandidates:
         if pending is None:
             return [(self.levels[0], f"I need to find: {question}")]
         levels = (cfg.uniform_level,) if cfg.strategy == "uniform" else self.levels
-        text = _HIT_RE.sub(r"\2:", pending.text)  # "[doc-id] Title" headers read as "Title:"
+        text = HIT_LINE_RE.sub(r"\2:", pending.text)  # "‣ [doc-id] Title" headers read as "Title:"
         out = []
         for g in levels:
             spec = level_spec(g, cfg.scoring.level_scale)
@@ -159,8 +159,7 @@ class HeuristicCandidates:
 def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the chat prompt: the tokenizer's chat template if it has one, else its encoding of the text."""
     if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return chat_ids(tokenizer, messages)  # special-token text in a message stays plain text
     text = render_messages(messages)
     if hasattr(tokenizer, "encode"):
         return list(tokenizer.encode(text))

@@ -1,6 +1,6 @@
 """Checkpoints that resume a :class:`~ziprl.learner.trainer.Trainer` exactly, with no pickle anywhere.
 
-``<out>/checkpoints/step_<n>/`` holds
+``<out>/checkpoints/step_<n>-<id>/`` holds (``<id>`` is random per write, so names never collide across runs)
 
 - ``model.safetensors``: the float32 master weights, whole tensors under their HF parameter names;
 - ``optimizer.safetensors``: AdamW's moments per parameter (``exp_avg/<name>``, ``exp_avg_sq/<name>``);
@@ -9,7 +9,8 @@
   the python and numpy RNG scalars, the ZeRO stage it was written under, and the caller's data position.
 
 ``<out>/checkpoints/latest`` names the newest complete checkpoint. A checkpoint is written beside its final
-place and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one.
+place, fsynced and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one;
+:func:`clean_orphans` removes what a killed write left behind. Pruning never removes what ``latest`` names.
 
 Tensors are stored whole (gathered with DeepSpeed's ``safe_get_full_*`` API under ZeRO 1-3), not as
 DeepSpeed's per-rank partitions, so DeepSpeed's own ``torch.save`` checkpoints are not needed and a
@@ -21,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,13 +34,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ziprl.learner.distributed import rank, world_size
-from ziprl.learner.trainer import replace_dir
+from ziprl.policy.models import check_safetensors
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 LATEST = "latest"
+FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+_NAME_RE = re.compile(r"^step_(\d+)(?:-[0-9a-f]+)?$")
 
 
 def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = 2) -> Path:
@@ -79,7 +84,7 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
     if torch.cuda.is_available():
         rng.update({f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
 
-    final = root / f"step_{trainer.global_step}"
+    final = root / f"step_{trainer.global_step}-{uuid.uuid4().hex[:8]}"
     if rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
@@ -88,20 +93,49 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
             save_file(moments, tmp / "optimizer.safetensors")
             save_file(rng, tmp / "rng.safetensors")
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            replace_dir(tmp, final)
+            for name in FILES:
+                _fsync(tmp / name)
+            _fsync(tmp)
+            tmp.rename(final)
+            _fsync(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         pointer = root / f".{LATEST}.tmp"
         pointer.write_text(final.name + "\n")
+        _fsync(pointer)
         os.replace(pointer, root / LATEST)
+        _fsync(root)
         if keep is not None:
-            steps = sorted((p for p in root.glob("step_*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
-            for old in steps[:-keep] if keep > 0 else []:
-                shutil.rmtree(old, ignore_errors=True)
+            prune(root, keep)
     if world_size() > 1:
         torch.distributed.barrier()
     return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest-written checkpoints under ``root``; never the one ``latest`` names."""
+    pointer = root / LATEST
+    current = pointer.read_text().strip() if pointer.is_file() else None
+    found = [p for p in root.iterdir() if _NAME_RE.match(p.name) and (p / "state.json").is_file()]
+    found.sort(key=lambda p: ((p / "state.json").stat().st_mtime_ns, int(_NAME_RE.match(p.name)[1])))
+    for old in found[: max(len(found) - keep, 0)]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_orphans(out_dir: str | Path) -> list[Path]:
+    """Remove the temporary files and directories of killed checkpoint writes under ``<out_dir>/checkpoints``.
+
+    Call it only when no checkpoint write is running (at the start of a run); returns what it removed.
+    """
+    root = Path(out_dir) / "checkpoints"
+    removed = [p for p in root.glob(".*") if p.name.startswith((".step_", f".{LATEST}."))] if root.is_dir() else []
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if removed:
+        print(f"[checkpoint] removed {len(removed)} leftover(s) of interrupted checkpoint writes in {root}", flush=True)
+    return removed
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
@@ -110,16 +144,46 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     pointer = root / LATEST
     if not pointer.is_file():
         return None
-    path = root / pointer.read_text().strip()
+    name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    if not _NAME_RE.match(name):
+        raise FileNotFoundError(f"{pointer} holds {name[:80]!r}, not a checkpoint name")
+    path = root / name
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{pointer} names {path.name}, which is missing or incomplete")
     return path
 
 
+def verify_checkpoint(path: str | Path) -> Path:
+    """Check that a checkpoint directory is complete and readable (without loading it); ValueError if not."""
+    path = Path(path)
+    for name in FILES:
+        if not (path / name).is_file():
+            raise ValueError(f"checkpoint {path} lacks {name}")
+    for name in FILES[:3]:
+        check_safetensors(path / name)
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"checkpoint {path}: state.json is not valid JSON ({exc})") from None
+    needed = ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position")
+    if not isinstance(state, dict) or any(k not in state for k in needed):
+        raise ValueError(f"checkpoint {path}: state.json lacks the fields {needed}")
+    return path
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a directory's contents to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, RNG, step and policy version; return the saved data position.
 
-    ``path_or_out_dir`` is a ``step_<n>`` directory or a run directory (its ``latest`` checkpoint). Every rank
+    ``path_or_out_dir`` is a ``step_<n>-<id>`` directory or a run directory (its ``latest`` checkpoint). Every rank
     must call this. Build ``trainer`` with the same model path as the run it resumes (the reference model).
     """
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state

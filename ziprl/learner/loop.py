@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from ziprl.config import ZipRLConfig
+from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.learner.scheduler import RolloutScheduler
@@ -84,6 +84,8 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream
     """Train until ``cfg.learner.steps`` policy versions (resuming first when ``cfg.run.resume``); last metrics."""
     out = Path(cfg.run.out_dir)
     position = learner.load_latest(out) if cfg.run.resume else None
+    if cfg.run.resume and position is None:
+        raise ConfigError(f"run.resume is set but {out} holds no checkpoint to resume; drop --resume to start afresh")
     version = learner.version
     if version:  # resumed: the workers start from the checkpoint's weights
         source.sync_weights(version)

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import ConfigError, ZipRLConfig, load_config
+from ziprl.config import ZipRLConfig, load_config
+from ziprl.env.chat import chat_ids, text_ids
+from ziprl.errors import run_command
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,11 @@ class SFTRow:
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` rendered by the chat template with the assistant header appended."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-        ids = ids["input_ids"]
-    return list(ids)
+    """Token ids of ``messages`` rendered by the chat template with the assistant header appended.
+
+    Special-token text inside a message stays plain text, as in generation (:func:`ziprl.env.chat.chat_ids`).
+    """
+    return chat_ids(tokenizer, messages)
 
 
 def end_of_turn_ids(tokenizer: Any) -> list[int]:
@@ -74,7 +76,7 @@ def sft_rows(examples: Sequence[dict[str, Any]], tokenizer: Any, max_seq_len: in
     rows, skipped = [], 0
     for ex in examples:
         prompt = chat_prompt_ids(tokenizer, ex["messages"])
-        response = list(tokenizer(ex["response"], add_special_tokens=False)["input_ids"]) + eot
+        response = text_ids(tokenizer, ex["response"]) + eot  # split: a response can never hold an end-of-turn
         if len(response) > max_seq_len - 1:
             skipped += 1
             continue
@@ -159,6 +161,7 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path) -> Pa
     return trainer.save_pretrained(out_dir / "model")
 
 
+@run_command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ziprl.sft", description="Cold-start SFT on demo transitions.")
     parser.add_argument("--demos", required=True, help="demo Parquet file (columns: messages, response)")
@@ -167,13 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="section.field=value", help="config override")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    try:
-        cfg = load_config(args.config, args.set)
-        model = run_sft(cfg, args.demos, args.out)
-    except (ConfigError, DemoFileError) as exc:
-        parser.error(str(exc))
+    model = run_sft(load_config(args.config, args.set), args.demos, args.out)
     print(model)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ziprl.config import SamplingConfig
+from ziprl.env.chat import chat_ids
 
 
 @dataclass
@@ -37,11 +38,11 @@ class GenerationEngine(ABC):
     def tokenizer(self) -> Any: ...
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat conversation rendered by the model's chat template, ready to generate."""
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return list(ids)
+        """Token ids of a chat conversation rendered by the model's chat template, ready to generate.
+
+        Special-token text inside a message stays plain text (see :func:`ziprl.env.chat.chat_ids`).
+        """
+        return chat_ids(self.tokenizer, messages)
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int | None = None) -> list[Generation]:

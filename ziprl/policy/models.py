@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
+import struct
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -70,6 +72,19 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
     return validate_model_dir(Path(cfg.path).expanduser())
 
 
+def check_model_paths(model_path: str | None, sft_checkpoint: str | None = None) -> None:
+    """Fail fast (before any data or model loads) when ``model.path`` or ``run.sft_checkpoint`` is not a model."""
+    if sft_checkpoint and not Path(sft_checkpoint).expanduser().is_dir():
+        raise ModelPathError(f"run.sft_checkpoint {sft_checkpoint} is not a directory; pass the model directory a "
+                             "Stage 1 SFT run wrote (<out>/model), or drop --sft-checkpoint to run Stage 1")
+    for field, value in (("model.path", model_path), ("run.sft_checkpoint", sft_checkpoint)):
+        if value:
+            try:
+                validate_model_dir(Path(value).expanduser())
+            except ModelPathError as exc:
+                raise ModelPathError(f"{field}: {exc}") from None
+
+
 def validate_model_dir(path: Path) -> Path:
     """Check that ``path`` is a local HF checkpoint (config.json + safetensors weights); return it."""
     if not path.is_dir():
@@ -80,12 +95,38 @@ def validate_model_dir(path: Path) -> Path:
         )
     if not (path / "config.json").is_file():
         raise ModelPathError(f"model directory {path} has no config.json; it must be a save_pretrained directory")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelPathError(f"{path / 'config.json'} is not valid JSON ({exc}); re-save the model with save_pretrained") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelPathError(f"{path / 'config.json'} has no model_type; it is not a transformers model config")
     if not any(path.glob("*.safetensors")):
         raise ModelPathError(
             f"model directory {path} has no *.safetensors weights (pickled .bin checkpoints are not loaded); "
             "re-save it with save_pretrained(safe_serialization=True)"
         )
+    for weights in path.glob("*.safetensors"):
+        try:
+            check_safetensors(weights)
+        except ValueError as exc:
+            raise ModelPathError(f"model directory {path}: {exc}; re-save the model with save_pretrained") from None
     return path
+
+
+def check_safetensors(path: Path) -> None:
+    """A safetensors file is an 8-byte header length, a JSON header, then exactly the bytes it describes."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    if ends is None or 8 + n + max(ends, default=0) != size:
+        raise ValueError(f"{path} is truncated or not a safetensors file")
 
 
 def convert_default_model(root: Path) -> Path:
