@@ -65,7 +65,8 @@ class SimulatedSource:
 
 def _run(workers, batch, group_size, staleness, per_call, death_p, seed, steps=4):
     source = SimulatedSource(workers, per_call, group_size, random.Random(seed), death_p)
-    sched = RolloutScheduler(source, QuestionStream(QUESTIONS, seed), batch, staleness, seed=seed)
+    sched = RolloutScheduler(source, QuestionStream(QUESTIONS, seed), batch, staleness, seed=seed,
+                             max_job_failures=10**6)  # random deaths may hit one job many times in a row
     trained: list[str] = []
     for step in range(1, steps + 1):
         groups = sched.next_batch()
@@ -152,3 +153,18 @@ def test_a_job_that_returns_older_weights_than_promised_is_a_bug():
     sched.advance(1)
     with pytest.raises(RuntimeError, match="must apply pushed weights"):
         sched.next_batch()
+
+
+def test_a_job_whose_workers_always_die_stops_the_run_with_the_reason():
+    class Broken(SimulatedSource):
+        def wait(self):
+            done = [Completion(t, None, error="ImportError: no module named x") for t in self.jobs]
+            self.jobs.clear()
+            self.busy_workers.clear()
+            return done
+
+    sched = RolloutScheduler(Broken(2, 1, 1, random.Random(0), 0.0), QuestionStream(QUESTIONS, 0), 2, 0,
+                             max_job_failures=3)
+    with pytest.raises(RuntimeError, match="failed 3 times in a row.*ImportError: no module named x"):
+        sched.next_batch()
+    assert sched.counters["rollout_failures"] >= 3

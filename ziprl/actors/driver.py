@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
@@ -113,9 +113,13 @@ class RaySource:
             ticket, worker = self._calls.pop(ref)
             try:
                 table, stats = ray.get(ref)
-            except RayActorError:  # the actor died mid-job; Ray restarts it, and it rejoins the weight transport
-                self.sync.rejoin(worker, self.actors[worker])
-                out.append(Completion(ticket, None))
+            except RayActorError as exc:  # the actor died mid-job; Ray restarts it, and it rejoins the weights
+                error = str(exc).strip().splitlines()[-1][:500]
+                try:
+                    self.sync.rejoin(worker, self.actors[worker])
+                except RayError as again:  # it cannot come back (e.g. its constructor fails): the job fails again
+                    error = str(again).strip().splitlines()[-1][:500]
+                out.append(Completion(ticket, None, error=error))
                 continue
             trajs = from_table(table)
             out.append(Completion(ticket, [trajs[i:i + g] for i in range(0, len(trajs), g)], stats))

@@ -14,7 +14,8 @@ The scheduler knows nothing of Ray or torch: a :class:`~ziprl.policy.source.Roll
   (S + u + 1) * batch groups are ever started at versions <= u. A stale group would still be dropped and
   counted, never trained.
 - A job whose worker died comes back as a failed ``Completion``; its questions are re-run (same seed) on
-  the next idle worker, first in line. Nothing is half-counted.
+  the next idle worker, first in line. Nothing is half-counted. A job that fails ``max_job_failures`` times in
+  a row (a worker that cannot even start, say) stops the run with an error instead of retrying forever.
 - ``position`` is the data position a checkpoint stores: the question stream plus every job not yet trained
   (buffered or running), which a resumed run re-runs first with the same seeds.
 """
@@ -31,6 +32,8 @@ from ziprl.learner.capacity import capacity, is_fresh, lag
 from ziprl.policy.source import Completion, Group, RolloutSource
 from ziprl.stream import QuestionStream
 
+MAX_JOB_FAILURES = 5
+
 
 @dataclass
 class _Job:
@@ -39,24 +42,25 @@ class _Job:
     seed: int
     version: int  # learner version at submission: a lower bound on the version its groups carry
     started: float
+    failures: int = 0  # times this job's worker died under it before
 
 
 class RolloutScheduler:
     """Dispatch, collect and batch groups for the learner (see the module docstring for the rules)."""
 
     def __init__(self, source: RolloutSource, stream: QuestionStream, batch: int, max_staleness: int,
-                 seed: int = 0, version: int = 0):
+                 seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES):
         if batch < 1 or max_staleness < 0 or source.num_workers < 1 or source.questions_per_call < 1:
             raise ValueError(f"need batch >= 1, max_staleness >= 0 and at least one worker taking >= 1 question "
                              f"(batch={batch}, max_staleness={max_staleness}, workers={source.num_workers}, "
                              f"questions_per_call={source.questions_per_call})")
         self.source, self.stream, self.batch, self.max_staleness = source, stream, batch, max_staleness
-        self.seed, self.version = seed, version
+        self.seed, self.version, self.max_job_failures = seed, version, max_job_failures
         self._base = version * batch  # groups trained before this run started (resume)
         self._jobs: dict[int, _Job] = {}
         self._tickets = 0
         self._dispatches = 0
-        self._retry: deque[tuple[list[QAExample], int]] = deque()
+        self._retry: deque[tuple[list[QAExample], int, int]] = deque()  # (examples, seed, failures so far)
         self._buffer: list[tuple[int, Group, tuple[list[QAExample], int]]] = []  # (version, group, (job))
         self._idle = set(range(source.num_workers))
         self.counters = {"groups_generated": 0, "groups_trained": 0, "groups_dropped_stale": 0, "rollout_failures": 0}
@@ -87,7 +91,7 @@ class RolloutScheduler:
     def position(self) -> dict[str, Any]:
         """Data position for a checkpoint: the stream, and the jobs not yet trained (re-run first on resume)."""
         pending = [(list(ex), seed) for _, _, (ex, seed) in self._buffer]  # one entry per buffered group
-        pending += [(j.examples, j.seed) for j in self._jobs.values()] + list(self._retry)
+        pending += [(j.examples, j.seed) for j in self._jobs.values()] + [(ex, seed) for ex, seed, _ in self._retry]
         merged: dict[int, list[str]] = {}
         for examples, seed in pending:
             merged.setdefault(seed, [])
@@ -108,7 +112,7 @@ class RolloutScheduler:
             if missing:
                 raise ValueError(f"checkpoint names questions {missing[:3]} that are not in this question set; "
                                  "resume with the same data config")
-            self._retry.append(([by_id[i] for i in job["ids"]], int(job["seed"])))
+            self._retry.append(([by_id[i] for i in job["ids"]], int(job["seed"]), 0))
 
     # ------------------------------------------------------------------ the loop's calls
 
@@ -162,8 +166,9 @@ class RolloutScheduler:
         """Give idle workers jobs while the capacity rule allows (re-runs of failed or resumed jobs first)."""
         while self._idle:
             room = self.capacity()
+            failures = 0
             if self._retry:
-                examples, seed = self._retry[0]
+                examples, seed, failures = self._retry[0]
                 if len(examples) > room:
                     return
                 self._retry.popleft()
@@ -176,7 +181,7 @@ class RolloutScheduler:
             worker = min(self._idle)
             self._idle.discard(worker)
             ticket, self._tickets = self._tickets, self._tickets + 1
-            self._jobs[ticket] = _Job(worker, examples, seed, self.version, time.perf_counter())
+            self._jobs[ticket] = _Job(worker, examples, seed, self.version, time.perf_counter(), failures)
             self.source.submit(worker, ticket, examples, seed)
 
     def _complete(self, c: Completion) -> None:
@@ -185,7 +190,10 @@ class RolloutScheduler:
         self._busy += time.perf_counter() - max(job.started, self._step_start)
         if c.groups is None:
             self.counters["rollout_failures"] += 1
-            self._retry.appendleft((job.examples, job.seed))
+            if job.failures + 1 >= self.max_job_failures:
+                raise RuntimeError(f"a rollout job failed {self.max_job_failures} times in a row (its workers died each "
+                                   f"time{': ' + c.error if c.error else ''}); see the rollout actors' logs")
+            self._retry.appendleft((job.examples, job.seed, job.failures + 1))
             return
         if len(c.groups) != len(job.examples):
             raise RuntimeError(f"a rollout job for {len(job.examples)} questions returned {len(c.groups)} groups")

@@ -32,6 +32,7 @@ class Completion:
     ticket: int
     groups: list[Group] | None
     stats: dict[str, float] = field(default_factory=dict)  # tokens, gen_seconds, rss_peak_mb
+    error: str = ""  # why the worker died, when it did
 
 
 class RolloutSource(Protocol):
