@@ -40,9 +40,17 @@ class RetrieverConfig:
     encoder: str | None = None  # local sentence-transformers path; None = all-MiniLM-L6-v2 from PyPI
     query_prefix: str = ""  # e.g. "query: " for E5
     passage_prefix: str = ""  # e.g. "passage: " for E5
-    index_type: str = "flat"  # flat | hnsw
+    index_type: str = "flat"  # flat | hnsw | a FAISS factory string, e.g. "IVF4096,PQ64,RFlat" (IVF-PQ + exact re-rank)
     batch_size: int = 64
     snippet_chars: int = 150
+    shards: int = 1  # build: split the corpus into this many index shards (one Serve deployment each)
+    chunk_size: int = 65536  # build: vectors encoded/added per chunk (bounds build memory)
+    train_size: int = 262144  # build: vectors sampled to train IVF/PQ indexes
+    embeddings: str | None = None  # build: precomputed passage vectors (.npy / .parquet) aligned with the corpus
+    nprobe: int = 32  # search: IVF lists visited per query (IVF indexes only)
+    ef_search: int = 128  # search: HNSW candidate list size (HNSW indexes and HNSW coarse quantizers)
+    k_factor: int = 4  # search: re-ranked candidates per hit = k_factor * k (Refine indexes only)
+    use_gpu: bool = False  # search on GPU when faiss-gpu and a GPU are present (CPU otherwise, with a warning)
 
 
 @dataclass
@@ -194,7 +202,12 @@ class ZipRLConfig:
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
             (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
-            (self.retriever.index_type in ("flat", "hnsw"), "retriever.index_type must be 'flat' or 'hnsw'"),
+            (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
+             "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
+            (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,
+             "retriever.shards, retriever.chunk_size and retriever.train_size must be >= 1"),
+            (min(self.retriever.nprobe, self.retriever.ef_search, self.retriever.k_factor) >= 0,
+             "retriever.nprobe, retriever.ef_search and retriever.k_factor must be >= 0 (0 = FAISS's default)"),
             (self.sampling.temperature >= 0, "sampling.temperature must be >= 0"),
             (0 < self.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
             (self.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
