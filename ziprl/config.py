@@ -161,6 +161,8 @@ class RayConfig:
     retriever_replicas: int = 1
     retriever_cpus: float = 0.5
     retriever_max_batch: int = 32
+    retriever_max_queued: int = 256  # requests each caller may queue per retriever deployment; beyond: back-pressure
+    retriever_timeout_s: float = 60.0  # a retriever call (with retries on back-pressure/dead replicas) fails after this
     max_staleness: int = 1  # 0 = synchronous on-policy
     queue_size: int = 8
     http_host: str = "127.0.0.1"
@@ -216,6 +218,8 @@ class ZipRLConfig:
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
+            (self.ray.retriever_max_queued >= 1 and self.ray.retriever_timeout_s > 0,
+             "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),

@@ -29,7 +29,7 @@ class RolloutWorker:
         self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
         self.actor_id = actor_id
         self.engine = make_engine(self.cfg.model, model_path)
-        self.retriever = ServeRetrieverClient(retriever_handle)
+        self.retriever = ServeRetrieverClient(retriever_handle, self.cfg.ray.retriever_timeout_s)
         self.batches = 0
 
     def update_weights(self, wref: WeightRef) -> int:

@@ -70,10 +70,21 @@ def new_index(index_type: str, dim: int) -> faiss.Index:
         reason = str(exc).strip().splitlines()[-1][:200]
         raise RetrieverError(f"index type {index_type!r} is not a FAISS factory string usable at dim {dim} ({reason}); "
                              "use flat, hnsw, or e.g. HNSW32, IVF4096,Flat, IVF4096,PQ64,RFlat") from None
-    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
-    if hnsw is not None:
-        hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    _tune_training(index)
     return index
+
+
+def _tune_training(index: faiss.Index) -> None:
+    """HNSW efConstruction 200; no polysemous PQ training (the factory's default: minutes, unused by search)."""
+    idx = faiss.downcast_index(index)
+    if hasattr(idx, "hnsw"):
+        idx.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    if hasattr(idx, "do_polysemous_training"):
+        idx.do_polysemous_training = False
+    for child in ("base_index", "index", "quantizer"):  # IndexRefine / IndexPreTransform / IVF coarse quantizer
+        sub = getattr(idx, child, None)
+        if isinstance(sub, faiss.Index):
+            _tune_training(sub)
 
 
 def set_search_params(index: faiss.Index, nprobe: int = 0, ef_search: int = 0, k_factor: int = 0) -> dict[str, int]:

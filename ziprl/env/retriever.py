@@ -94,7 +94,8 @@ class Retriever:
     def load(cls, index_dir: str | Path, encoder: Encoder | None = None, snippet_chars: int = 200, *,
              shards: Sequence[int] | None = None, nprobe: int = 0, ef_search: int = 128, k_factor: int = 0,
              use_gpu: bool = False) -> Retriever:
-        """Open an index directory (all shards, or only ``shards``); ``encoder`` None = the one in its manifest.
+        """Open an index directory (all shards, or only ``shards``; ``[]`` = manifest and encoder only, for a
+        router); ``encoder`` None = the one in its manifest.
 
         ``nprobe`` / ``ef_search`` / ``k_factor`` (re-ranking candidates per hit) apply to indexes that have
         them (0 = FAISS's default); ``use_gpu`` moves the indexes to GPU when faiss-gpu finds one.
@@ -116,7 +117,7 @@ class Retriever:
             raise RetrieverError(f"{d / MANIFEST_FILE} is not a valid ZipRL index manifest; {hint}")
         n = manifest["shards"]
         wanted = list(range(n)) if shards is None else list(shards)
-        if not wanted or any(not 0 <= s < n for s in wanted):
+        if any(not 0 <= s < n for s in wanted):
             raise RetrieverError(f"shards {wanted} do not exist in {d}, which has shards 0..{n - 1}")
         loaded = []
         for s in wanted:
@@ -175,6 +176,11 @@ class Retriever:
         """Passages in the loaded shards."""
         return sum(len(s.store) for s in self.shards)
 
+    @property
+    def num_docs(self) -> int:
+        """Passages in the whole index (all shards, loaded or not)."""
+        return self._total
+
     def _check_k(self, k: int) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self._total:
             raise RetrieverError(f"k must be an integer in 1..{self._total} (the corpus size), got {k!r}")
@@ -187,17 +193,22 @@ class Retriever:
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Top-``k`` hits for each query: one encoder call and one FAISS search per shard for the whole batch."""
+        self._check_k(k)
+        vectors = self.encode_queries(queries)
+        return self.search_embeddings(vectors, k) if len(vectors) else []
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """Check the queries and embed them: (n, dim) float32."""
         if isinstance(queries, str) or not isinstance(queries, Sequence):
             raise RetrieverError(f"queries must be a list of strings, got {type(queries).__name__}")
         for i, q in enumerate(queries):
             if not isinstance(q, str) or not q.strip():
                 raise RetrieverError(f"query {i} is empty or not a string ({q!r}); every query needs some text")
-        self._check_k(k)
         if not queries:
-            return []
+            return np.zeros((0, self.dim), np.float32)
         if not self._dim_checked:
             self._check_encoder_dim()
-        return self.search_embeddings(self.encoder.encode_queries(queries), k)
+        return self.encoder.encode_queries(queries)
 
     def search_embeddings(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """Top-``k`` hits for precomputed (n, dim) query embeddings, merged over the loaded shards."""
