@@ -133,26 +133,30 @@ class Vectors:
 
 
 def _normalised(x: np.ndarray) -> np.ndarray:
-    x = np.array(x, dtype=np.float32, order="C", copy=True)
+    x = np.require(x, np.float32, ["C", "W", "O"])  # copies only views and other dtypes
     faiss.normalize_L2(x)
     return x
 
 
 class NpyVectors(Vectors):
-    """A (count, dim) ``.npy`` file, memory-mapped."""
+    """A (count, dim) ``.npy`` file; chunks are read with plain reads (no mapped pages stay resident)."""
 
     def __init__(self, path: Path):
         try:
             self._x = np.load(path, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise RetrieverError(f"embeddings {path} cannot be read as a .npy array ({exc})") from None
-        if self._x.ndim != 2 or not np.issubdtype(self._x.dtype, np.floating):
-            raise RetrieverError(f"embeddings {path} must be a 2-D float array (passages x dim), "
+        if self._x.ndim != 2 or not np.issubdtype(self._x.dtype, np.floating) or not self._x.flags.c_contiguous:
+            raise RetrieverError(f"embeddings {path} must be a 2-D C-order float array (passages x dim), "
                                  f"got shape {self._x.shape} of {self._x.dtype}")
         self.count, self.dim = self._x.shape
+        self._path = path
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        return _normalised(self._x[start:stop])
+        with open(self._path, "rb") as f:
+            f.seek(self._x.offset + start * self.dim * self._x.itemsize)
+            x = np.fromfile(f, self._x.dtype, (stop - start) * self.dim)
+        return _normalised(x.reshape(stop - start, self.dim))
 
     def sample(self, rows: np.ndarray) -> np.ndarray:
         return _normalised(self._x[rows])
