@@ -104,6 +104,7 @@ class RetrieverDeployment:
         self._shards = shards or []
         # a router loads the manifest and encoder only (shards=[]); the shard deployments hold the indexes
         self._retriever = Retriever.from_config(_config(retriever), shards=[] if self._shards else None)
+        self._retriever.encode_queries([HEALTH_QUERY])  # load the encoder now (healthy = ready), not on a first query
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever")
         self._search_batch.set_max_batch_size(max_batch_size)
         self._search_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
