@@ -217,15 +217,14 @@ def run_worker(kind: str, *args) -> dict:
 BIG_N, BIG_D = 21_000_000, 768
 
 
-def query_cost(config: str, n: int, d: int, k_factor: int) -> float:
+def query_cost(config: str, n: int, d: int, k_factor: int, frac: float) -> float:
     """Relative work per query: flat n*d; HNSW log2(n)*d; IVF-PQ the coarse search (nlist*d) + the scanned
-    codes (nprobe/nlist * n * d/8, PQ at d/8 bytes) + re-ranking (k_factor*k*d)."""
+    codes (frac = nprobe/nlist of n codes of d/8 bytes) + re-ranking (k_factor*k*d)."""
     if config == "flat":
         return n * d
     if config == "hnsw":
         return np.log2(n) * d
-    nlist = nlist_for(n)
-    return nlist * d + nprobe_for(n) / nlist * n * d / 8 + k_factor * K * d
+    return nlist_for(n) * d + frac * n * d / 8 + k_factor * K * d
 
 
 def extrapolate(rows: list[dict], n: int) -> list[dict]:
@@ -237,9 +236,10 @@ def extrapolate(rows: list[dict], n: int) -> list[dict]:
         if r["shards"] != 1:
             continue
         mem_gb = r["resident_mb"] * 2**20 / n * BIG_N * (BIG_D / DIM) / 2**30
-        ratio = (query_cost(r["config"], n, DIM, r["k_factor"])
-                 / query_cost(r["config"], BIG_N, BIG_D, r["k_factor"]))
-        out.append({"config": r["config"], "factory_at_21M": r["factory"].replace(f"IVF{nlist_for(n)}",
+        frac = r["nprobe"] / nlist_for(n)  # the same fraction of lists visited at 21M
+        ratio = (query_cost(r["config"], n, DIM, r["k_factor"], frac)
+                 / query_cost(r["config"], BIG_N, BIG_D, r["k_factor"], frac))
+        out.append({"config": r["config"], "nprobe_at_21M": round(frac * nlist_for(BIG_N)), "factory_at_21M": r["factory"].replace(f"IVF{nlist_for(n)}",
                                                                                     f"IVF{nlist_for(BIG_N)}"),
                     "memory_gb_21Mx768": round(mem_gb, 1), "qps_b64_per_thread_21Mx768": round(r["qps_b64"] * ratio, 2)})
     return out
@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sharded", nargs="+", default=["flat", "ivf-pq48+sq4"], help="configs also built as 2 shards")
     ap.add_argument("--work", default=None, help="data + index directory")
     ap.add_argument("--queries", type=int, default=500, help="queries of each kind (real, synthetic)")
+    ap.add_argument("--sweep", nargs="*", type=int, default=None, metavar="NPROBE",
+                    help="search the IVF indexes of the last run again at these nprobe values and add the rows")
     args = ap.parse_args(argv)
     n = 100_000 if args.quick else args.n
     from ziprl.env.corpus import cache_root
@@ -294,6 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     nlist = nlist_for(n)
     train = min(n, 64 * nlist)
     rows = []
+    if args.sweep is not None:  # search-only rows at other nprobe values, on the indexes built by the last run
+        last = json.loads((RESULTS / "retrieval_scale.json").read_text())
+        rows = [r for r in last["rows"] if r["shards"] == 1 and r["nprobe"] in (0, nprobe_for(n)) or r["shards"] > 1]
+        for r in [r for r in rows if r["nprobe"] == nprobe_for(n) and r["shards"] == 1]:
+            for nprobe in args.sweep:
+                print(f"{r['config']} nprobe {nprobe}", flush=True)
+                rows.append({**r, "nprobe": nprobe, "build_s": None, "build_peak_mb": None,
+                             **run_worker("search", work, r["config"], 1, nprobe, r["k_factor"])})
+        args.configs = []
     for name in args.configs:
         factory, ivf, k_factor = CONFIGS[name]
         factory, nprobe = factory.format(nlist=nlist), nprobe_for(n) if ivf else 0
