@@ -68,7 +68,8 @@ the MuSiQue parts are additionally under CC BY 4.0 (attribution above).
 ## Prebuilt index
 
 `index/` is the FAISS index of `corpus.jsonl.gz` built with the default encoder (all-MiniLM-L6-v2, flat
-inner product), shipped so a fresh machine skips a CPU build of several minutes. Rebuild it with
+inner product; index directory format 2: `index.faiss`, the passages as a memory-mapped Arrow file and an
+id index), shipped so a fresh machine skips a CPU build of several minutes. Rebuild it with
 `python -m ziprl.index build --corpus ziprl/data/sample/corpus.jsonl.gz --out ziprl/data/sample/index`;
 the retriever uses it only while its manifest matches the shipped corpus.
 """

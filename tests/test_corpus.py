@@ -96,6 +96,7 @@ def test_duplicate_ids_name_id_and_lines(tmp_path):
 
 def test_corrupt_gzip(tmp_path):
     path = tmp_path / "c.jsonl.gz"
-    path.write_bytes(gzip.compress(b'{"id": "a"}\n')[:-6])
+    lines = "".join(json.dumps({"id": str(i), "title": "T", "text": "x"}) + "\n" for i in range(50))
+    path.write_bytes(gzip.compress(lines.encode())[:-6])  # valid lines, cut short
     with pytest.raises(CorpusError, match="cannot be read"):
         load_corpus(path)

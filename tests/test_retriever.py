@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ziprl.config import RetrieverConfig
+from ziprl.env import index_build as IB
 from ziprl.env import retriever as R
 from ziprl.env.corpus import CorpusError, load_corpus, write_corpus
 from ziprl.env.datasets import corpus_for
@@ -80,9 +81,11 @@ def test_env_layer_imports_without_torch():
 
 
 def test_index_files_and_manifest(flat_dir, passages):
-    assert {p.name for p in flat_dir.iterdir()} == {"index.faiss", "passages.parquet", "manifest.json"}
+    assert {p.name for p in flat_dir.iterdir()} == {"index.faiss", "passages.arrow", "id_hash.npy", "id_row.npy",
+                                                     "manifest.json"}
     m = json.loads((flat_dir / "manifest.json").read_text())
-    assert m["count"] == N and m["dim"] == 384 and m["index_type"] == "flat"
+    assert m["count"] == N and m["dim"] == 384 and m["index_type"] == "flat" and m["factory"] == "Flat"
+    assert m["shards"] == 1 and m["shard_counts"] == [N] and m["format"] == 2
     assert m["encoder"] == R.DEFAULT_ENCODER_ID and m["query_prefix"] == m["passage_prefix"] == ""
     assert len(m["corpus_sha256"]) == 64
     assert not [p for p in flat_dir.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
@@ -153,7 +156,7 @@ def test_bad_k(retriever, k):
 def test_reuse_unchanged_corpus_does_not_reencode(corpus, flat_dir, encoder, caplog):
     counting = CountingEncoder(encoder)
     before = {p.name: p.stat().st_mtime_ns for p in flat_dir.iterdir()}
-    with caplog.at_level("INFO", logger="ziprl.env.retriever"):
+    with caplog.at_level("INFO", logger="ziprl.env.index_build"):
         assert build_index(corpus, flat_dir, counting, progress=False) == flat_dir
     assert counting.passage_calls == 0 and "reusing" in caplog.text
     assert {p.name: p.stat().st_mtime_ns for p in flat_dir.iterdir()} == before
@@ -192,18 +195,24 @@ def test_failed_build_keeps_the_old_index(passages, encoder, tmp_path, monkeypat
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(R.pq, "write_table", crash)
-    with pytest.raises(OSError, match="disk full"):
-        build_index(corpus, out, encoder, progress=False)
+    with monkeypatch.context() as m:
+        m.setattr(IB, "write_json", crash)
+        with pytest.raises(OSError, match="disk full"):
+            build_index(corpus, out, encoder, progress=False)
     assert len(Retriever.load(out, encoder)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.partial", "c.jsonl", "idx"]  # kept to resume
+    build_index(corpus, out, encoder, progress=False)
+    assert len(Retriever.load(out, encoder)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "idx"]
 
 
 def test_build_input_errors(corpus, encoder, tmp_path):
     with pytest.raises(CorpusError, match="does not exist"):
         build_index(tmp_path / "missing.jsonl", tmp_path / "out", encoder)
-    with pytest.raises(RetrieverError, match="index_type must be one of"):
+    with pytest.raises(RetrieverError, match="'ivf' is not a FAISS factory string"):
         build_index(corpus, tmp_path / "out", encoder, index_type="ivf")
+    with pytest.raises(RetrieverError, match="usable at dim 384"):
+        build_index(corpus, tmp_path / "out", encoder, index_type="IVF4,PQ7")  # 384 is not a multiple of 7
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(RetrieverError, match="not a ZipRL index"):
@@ -216,13 +225,16 @@ def test_load_errors(flat_dir, encoder, tmp_path):
     with pytest.raises(RetrieverError, match="does not exist"):
         Retriever.load(tmp_path / "nothing", encoder)
     broken = shutil.copytree(flat_dir, tmp_path / "broken")
-    (broken / "passages.parquet").unlink()
-    with pytest.raises(RetrieverError, match=r"incomplete \(missing passages.parquet\)"):
+    (broken / "passages.arrow").unlink()
+    with pytest.raises(RetrieverError, match=r"incomplete \(missing passages.arrow\)"):
         Retriever.load(broken, encoder)
     bad = shutil.copytree(flat_dir, tmp_path / "bad")
     m = json.loads((bad / "manifest.json").read_text())
-    (bad / "manifest.json").write_text(json.dumps({**m, "count": N + 1}))
+    (bad / "manifest.json").write_text(json.dumps({**m, "shard_counts": [N + 1]}))
     with pytest.raises(RetrieverError, match="does not match its manifest"):
+        Retriever.load(bad, encoder)
+    (bad / "manifest.json").write_text(json.dumps({**m, "format": 1}))
+    with pytest.raises(RetrieverError, match=r"older ZipRL \(format 1"):
         Retriever.load(bad, encoder)
     (bad / "manifest.json").write_text("{oops")
     with pytest.raises(RetrieverError, match="not a valid ZipRL index manifest"):

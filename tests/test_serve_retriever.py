@@ -9,6 +9,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -169,7 +170,7 @@ def test_health_check(client):
 
 def test_health_check_fails_on_empty_index():
     replica = RetrieverDeployment.func_or_class.__new__(RetrieverDeployment.func_or_class)
-    replica._retriever = []
+    replica._retriever = SimpleNamespace(num_docs=0)
     with pytest.raises(RuntimeError, match="empty"):
         asyncio.run(replica.check_health())
 

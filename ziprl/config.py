@@ -44,9 +44,17 @@ class RetrieverConfig:
     encoder: str | None = None  # local sentence-transformers path; None = all-MiniLM-L6-v2 from PyPI
     query_prefix: str = ""  # e.g. "query: " for E5
     passage_prefix: str = ""  # e.g. "passage: " for E5
-    index_type: str = "flat"  # flat | hnsw
+    index_type: str = "flat"  # flat | hnsw | a FAISS factory string, e.g. "IVF4096,PQ64,RFlat" (IVF-PQ + exact re-rank)
     batch_size: int = 64
     snippet_chars: int = 150
+    shards: int = 1  # build: split the corpus into this many index shards (one Serve deployment each)
+    chunk_size: int = 65536  # build: vectors encoded/added per chunk (bounds build memory)
+    train_size: int = 262144  # build: vectors sampled to train IVF/PQ indexes
+    embeddings: str | None = None  # build: precomputed passage vectors (.npy / .parquet) aligned with the corpus
+    nprobe: int = 32  # search: IVF lists visited per query (IVF indexes only)
+    ef_search: int = 128  # search: HNSW candidate list size (HNSW indexes and HNSW coarse quantizers)
+    k_factor: int = 4  # search: re-ranked candidates per hit = k_factor * k (Refine indexes only)
+    use_gpu: bool = False  # search on GPU when faiss-gpu and a GPU are present (CPU otherwise, with a warning)
 
 
 @dataclass
@@ -157,6 +165,8 @@ class RayConfig:
     retriever_replicas: int = 1
     retriever_cpus: float = 0.5
     retriever_max_batch: int = 32
+    retriever_max_queued: int = 256  # requests each caller may queue per retriever deployment; beyond: back-pressure
+    retriever_timeout_s: float = 60.0  # a retriever call (with retries on back-pressure/dead replicas) fails after this
     max_staleness: int = 1  # groups may train at most this many versions after their weights; 0 = on-policy
     http_host: str = "127.0.0.1"  # beyond loopback needs $ZIPRL_HTTP_TOKEN (docs/security.md)
     http_port: int | None = None  # None = no HTTP route
@@ -237,7 +247,12 @@ class ZipRLConfig:
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
             (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
-            (self.retriever.index_type in ("flat", "hnsw"), "retriever.index_type must be 'flat' or 'hnsw'"),
+            (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
+             "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
+            (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,
+             "retriever.shards, retriever.chunk_size and retriever.train_size must be >= 1"),
+            (min(self.retriever.nprobe, self.retriever.ef_search, self.retriever.k_factor) >= 0,
+             "retriever.nprobe, retriever.ef_search and retriever.k_factor must be >= 0 (0 = FAISS's default)"),
             (self.sampling.temperature >= 0, "sampling.temperature must be >= 0"),
             (0 < self.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
             (self.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
@@ -248,6 +263,8 @@ class ZipRLConfig:
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
             (lr.global_batch_questions >= 1, "learner.global_batch_questions must be >= 1"),
             (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
+            (self.ray.retriever_max_queued >= 1 and self.ray.retriever_timeout_s > 0,
+             "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
             (self.weights.transport in ("object_store", "collective"),

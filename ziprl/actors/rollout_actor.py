@@ -30,7 +30,7 @@ class RolloutWorker(ReceivesWeights):
         self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
         self.actor_id = actor_id
         self.engine = make_engine(self.cfg.model, model_path)
-        self.retriever = ServeRetrieverClient(retriever_handle)
+        self.retriever = ServeRetrieverClient(retriever_handle, self.cfg.ray.retriever_timeout_s)
         self.weights = WeightReceiver(self.engine)
         self.batches = 0
 

@@ -2,7 +2,8 @@
 
 Each line is ``{"id": str, "title": str, "text": str, "url": str (optional)}``. :func:`load_corpus`
 validates the whole file before anything else uses it; every problem raises :class:`CorpusError` naming
-the line and what to fix.
+the line and what to fix. :func:`iter_corpus` and :func:`scan_corpus` stream a file of any size (a
+21M-passage wiki-18 dump) with memory bounded by one line plus 16 bytes per passage.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
 
 from ziprl.env.types import Passage
 
@@ -29,22 +35,25 @@ def cache_root() -> Path:
     return Path(os.environ.get("ZIPRL_CACHE_DIR") or "~/.cache/ziprl").expanduser()
 
 
-def _read_lines(path: Path) -> list[bytes]:
+def _read_lines(path: Path) -> Iterator[bytes]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            return f.read().splitlines()
+            yield from f
     except (OSError, EOFError) as exc:
         raise CorpusError(f"corpus {path}: cannot be read ({exc}); is it a valid .jsonl or .jsonl.gz file?") from None
 
 
-def load_corpus(path: str | Path) -> list[Passage]:
-    """Read and validate a JSONL(.gz) corpus; raise CorpusError on the first problem found."""
+def _existing(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if not p.is_file():
         raise CorpusError(f"corpus file {p} does not exist; pass the path of a .jsonl or .jsonl.gz corpus")
-    passages: list[Passage] = []
-    first_line: dict[str, int] = {}
+    return p
+
+
+def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
+    """Stream ``(line number, passage)`` from a JSONL(.gz) corpus, validating each line (not id uniqueness)."""
+    p = _existing(path)
     for n, raw in enumerate(_read_lines(p), start=1):
         try:
             line = raw.decode("utf-8")
@@ -68,16 +77,69 @@ def load_corpus(path: str | Path) -> list[Passage]:
         url = rec.get("url") or ""
         if not isinstance(url, str):
             raise CorpusError(f"corpus {p} line {n}: field 'url' must be a string when present")
-        doc_id = rec["id"]
-        if doc_id in first_line:
-            raise CorpusError(
-                f"corpus {p}: duplicate id {doc_id!r} on lines {first_line[doc_id]} and {n}; ids must be unique"
-            )
-        first_line[doc_id] = n
-        passages.append(Passage(doc_id=doc_id, title=rec["title"], text=rec["text"], url=url))
+        yield n, Passage(doc_id=rec["id"], title=rec["title"], text=rec["text"], url=url)
+
+
+def _duplicate(path: Path, doc_id: str, first: int, n: int) -> CorpusError:
+    return CorpusError(f"corpus {path}: duplicate id {doc_id!r} on lines {first} and {n}; ids must be unique")
+
+
+def _empty(path: Path) -> CorpusError:
+    return CorpusError(f"corpus {path} is empty; it needs at least one passage line")
+
+
+def load_corpus(path: str | Path) -> list[Passage]:
+    """Read and validate a JSONL(.gz) corpus into memory; raise CorpusError on the first problem found."""
+    passages: list[Passage] = []
+    first_line: dict[str, int] = {}
+    for n, passage in iter_corpus(path):
+        if passage.doc_id in first_line:
+            raise _duplicate(Path(path), passage.doc_id, first_line[passage.doc_id], n)
+        first_line[passage.doc_id] = n
+        passages.append(passage)
     if not passages:
-        raise CorpusError(f"corpus {p} is empty; it needs at least one passage line")
+        raise _empty(Path(path))
     return passages
+
+
+def id_hash(doc_id: str) -> int:
+    """64-bit hash of a passage id (keys the on-disk id -> row index)."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@dataclass
+class CorpusScan:
+    """What one streaming pass over a corpus found: content hash, passage count, id hashes in row order."""
+
+    sha256: str
+    count: int
+    id_hashes: np.ndarray  # uint64, one per passage, in file order
+
+
+def scan_corpus(path: str | Path, progress: bool = False) -> CorpusScan:
+    """Validate a corpus of any size in one streaming pass (ids unique included); raise CorpusError naming the line."""
+    p = _existing(path)
+    h, hashes, lines = hashlib.sha256(), array("Q"), array("q")
+    with tqdm(desc="checking corpus", unit=" passages", disable=not progress) as bar:
+        for n, passage in iter_corpus(p):
+            h.update(_hash_line(passage))
+            hashes.append(id_hash(passage.doc_id))
+            lines.append(n)
+            bar.update()
+    if not hashes:
+        raise _empty(p)
+    ids = np.frombuffer(hashes, dtype=np.uint64)
+    order = np.argsort(ids, kind="stable")
+    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if len(same):  # equal hashes: compare the real ids (a 64-bit collision is not a duplicate)
+        suspect = {int(lines[order[i]]) for i in same} | {int(lines[order[i + 1]]) for i in same}
+        seen: dict[str, int] = {}
+        for n, passage in iter_corpus(p):
+            if n in suspect:
+                if passage.doc_id in seen:
+                    raise _duplicate(p, passage.doc_id, seen[passage.doc_id], n)
+                seen[passage.doc_id] = n
+    return CorpusScan(h.hexdigest(), len(ids), ids.copy())
 
 
 def _record(p: Passage) -> dict[str, str]:
@@ -87,12 +149,15 @@ def _record(p: Passage) -> dict[str, str]:
     return rec
 
 
+def _hash_line(p: Passage) -> bytes:
+    return json.dumps([p.doc_id, p.title, p.text, p.url], ensure_ascii=False).encode("utf-8") + b"\n"
+
+
 def corpus_sha256(passages: Iterable[Passage]) -> str:
     """Content hash of passages (independent of compression and JSON formatting)."""
     h = hashlib.sha256()
     for p in passages:
-        h.update(json.dumps([p.doc_id, p.title, p.text, p.url], ensure_ascii=False).encode("utf-8"))
-        h.update(b"\n")
+        h.update(_hash_line(p))
     return h.hexdigest()
 
 

@@ -1,0 +1,261 @@
+"""Large-index machinery on tiny synthetic data: factory types, chunked/resumed builds, shards, the passage
+store, precomputed embeddings and adopting a prebuilt FAISS index (real FAISS, real MiniLM for dims)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ziprl.config import RetrieverConfig
+from ziprl.env import index_build as IB
+from ziprl.env.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
+from ziprl.env.passage_store import PassageStore
+from ziprl.env.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
+from ziprl.env.types import Passage
+from ziprl.index import main as cli
+
+N, DIM = 600, 384
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Encoder:
+    return Encoder()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A corpus of N passages (full Unicode in places) and N aligned clustered unit vectors."""
+    tmp = tmp_path_factory.mktemp("data")
+    passages = [Passage(f"doc-{i}", f"Title {i} ü", f"text {i} " + "🙂 Ωmega " * (i % 7) + "end", f"u{i}" if i % 3 else "")
+                for i in range(N)]
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(12, DIM))
+    x = (centers[rng.integers(0, 12, N)] + 0.4 * rng.normal(size=(N, DIM))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.save(tmp / "emb.npy", x)
+    return write_corpus(passages, tmp / "corpus.jsonl"), tmp / "emb.npy", passages, x
+
+
+def _build(data, encoder, out, **kw):
+    corpus, emb, _, _ = data
+    return build_index(corpus, out, encoder, progress=False, embeddings=emb, **kw)
+
+
+def _ids(hits):
+    return [[h.doc_id for h in hs] for hs in hits]
+
+
+@pytest.mark.parametrize(("index_type", "trained"), [("flat", False), ("hnsw", False), ("IVF8,Flat", True),
+                                                    ("IVF8,PQ16x4,RFlat", True), ("HNSW16,SQ8", True)])
+def test_factory_types_build_and_find_each_vector(data, encoder, tmp_path, index_type, trained):
+    _, _, passages, x = data
+    out = _build(data, encoder, tmp_path / "idx", index_type=index_type, train_size=400, chunk_size=256)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["factory"] == IB.factory_string(index_type) and m["count"] == N
+    assert m["train_size"] == (400 if trained else None)
+    r = Retriever.load(out, encoder, nprobe=8, k_factor=10)
+    hits = r.search_embeddings(x[:50], 5)
+    top1 = sum(h[0].doc_id == passages[i].doc_id for i, h in enumerate(hits))
+    assert top1 >= 48 and all(len(h) == 5 for h in hits)
+    assert hits[3][0].snippet == passages[3].text[:200] and hits[3][0].title == passages[3].title
+
+
+def test_search_params_are_applied(data, encoder, tmp_path):
+    out = _build(data, encoder, tmp_path / "idx", index_type="IVF8,PQ16x4,RFlat", train_size=400)
+    r = Retriever.load(out, encoder, nprobe=3, k_factor=7)
+    refine = faiss.downcast_index(r.index)
+    assert refine.k_factor == 7 and faiss.extract_index_ivf(r.index).nprobe == 3
+    assert IB.set_search_params(faiss.IndexFlatIP(4), nprobe=3, ef_search=5, k_factor=2) == {}
+
+
+@pytest.mark.parametrize("index_type", ["flat", "IVF8,PQ16x4,RFlat"])
+def test_chunked_build_equals_one_shot(data, encoder, tmp_path, index_type):
+    one = Retriever.load(_build(data, encoder, tmp_path / "one", index_type=index_type, train_size=400,
+                                chunk_size=N), encoder, nprobe=8)
+    many = Retriever.load(_build(data, encoder, tmp_path / "many", index_type=index_type, train_size=400,
+                                 chunk_size=37), encoder, nprobe=8)
+    q = data[3][::17]
+    assert one.search_embeddings(q, 10) == many.search_embeddings(q, 10)
+    if index_type == "flat":
+        assert np.array_equal(one.index.reconstruct_n(0, N), many.index.reconstruct_n(0, N))
+
+
+def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, monkeypatch):
+    calls = {"n": 0, "rows": 0}
+    real = IB.NpyVectors.rows
+
+    def crashing(self, start, stop):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # as if the machine went down after chunk 3
+        calls["rows"] += stop - start
+        return real(self, start, stop)
+
+    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "shards": 2, "checkpoint_s": 0}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    partial = tmp_path / ".idx.partial"
+    progress = json.loads((partial / "progress.json").read_text())
+    assert progress["added"] == [150, 0] and progress["files"] == ["index.partial-150.faiss", None]
+    assert not (tmp_path / "idx").exists()
+    calls["rows"] = 0
+    calls["n"] = -100
+    _build(data, encoder, tmp_path / "idx", **kw)
+    assert calls["rows"] == N - 150  # only what was not checkpointed
+    assert not partial.exists()
+    resumed = Retriever.load(tmp_path / "idx", encoder, nprobe=8)
+    monkeypatch.setattr(IB.NpyVectors, "rows", real)
+    fresh = Retriever.load(_build(data, encoder, tmp_path / "fresh", **kw), encoder, nprobe=8)
+    q = data[3][::13]
+    assert resumed.search_embeddings(q, 10) == fresh.search_embeddings(q, 10)
+
+
+def test_a_changed_input_discards_the_partial_build(data, encoder, tmp_path, monkeypatch):
+    def boom(self, start, stop):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(IB.NpyVectors, "rows", boom)
+        with pytest.raises(KeyboardInterrupt):
+            _build(data, encoder, tmp_path / "idx", chunk_size=50)
+    r = Retriever.load(_build(data, encoder, tmp_path / "idx", chunk_size=50, shards=2), encoder)
+    assert r.manifest["shards"] == 2 and len(r) == N
+
+
+def test_sharded_search_equals_unsharded_flat(data, encoder, tmp_path):
+    _, _, passages, x = data
+    whole = Retriever.load(_build(data, encoder, tmp_path / "one"), encoder)
+    out = _build(data, encoder, tmp_path / "three", shards=3)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-000", "shard-001", "shard-002"]
+    sharded = Retriever.load(out, encoder)
+    assert sharded.manifest["shard_counts"] == [200, 200, 200]
+    rng = np.random.default_rng(1)
+    q = x[rng.choice(N, 40, replace=False)] + 0.05 * rng.normal(size=(40, DIM)).astype(np.float32)
+    a, b = whole.search_embeddings(q, 10), sharded.search_embeddings(q, 10)
+    assert _ids(a) == _ids(b)
+    assert np.allclose([[h.score for h in hs] for hs in a], [[h.score for h in hs] for hs in b], atol=1e-5)
+    assert sharded.search_embeddings(q[:2], N)[0][-1].doc_id in {p.doc_id for p in passages}  # k > a shard
+    for p in (passages[0], passages[250], passages[599]):
+        assert sharded.open(p.doc_id) == p
+    middle = Retriever.load(out, encoder, shards=[1])
+    assert len(middle) == 200 and middle.open(passages[250].doc_id) == passages[250]
+    with pytest.raises(KeyError):
+        middle.open(passages[0].doc_id)
+    with pytest.raises(RetrieverError, match=r"shards \[3\] do not exist"):
+        Retriever.load(out, encoder, shards=[3])
+
+
+def test_store_returns_the_corpus(data, encoder, tmp_path):
+    corpus, _, passages, _ = data
+    out = _build(data, encoder, tmp_path / "idx")
+    store = PassageStore(out)
+    assert len(store) == N and [store.passage(i) for i in range(N)] == load_corpus(corpus)
+    assert store.row_of("doc-123") == 123 and store.row_of("doc-600") is None and store.row_of("") is None
+    assert store.texts(3, 6) == [f"{p.title}\n{p.text}" for p in passages[3:6]]
+    assert store.head(7, 5) == (passages[7].doc_id, passages[7].title, passages[7].text[:5], passages[7].url)
+
+
+def test_parquet_embeddings_equal_npy(data, encoder, tmp_path):
+    x = data[3]
+    path = tmp_path / "emb.parquet"
+    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(N)], "emb": list(x)}), path, row_group_size=128)
+    a = Retriever.load(_build(data, encoder, tmp_path / "npy"), encoder)
+    b = Retriever.load(build_index(data[0], tmp_path / "pq", encoder, embeddings=path, progress=False, chunk_size=100),
+                       encoder)
+    assert np.allclose(a.index.reconstruct_n(0, N), b.index.reconstruct_n(0, N), atol=1e-6)
+
+
+def test_embedding_and_option_errors_come_before_any_work(data, encoder, tmp_path):
+    corpus, emb, _, x = data
+    np.save(tmp_path / "short.npy", x[:-1])
+    with pytest.raises(RetrieverError, match=f"hold {N - 1} vectors but corpus .* has {N} passages"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=tmp_path / "short.npy", progress=False)
+    np.save(tmp_path / "narrow.npy", x[:, :16])
+    with pytest.raises(RetrieverError, match="are 16-dim but query encoder .* gives 384-dim"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=tmp_path / "narrow.npy", progress=False)
+    with pytest.raises(RetrieverError, match="must end in .npy or .parquet"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=corpus, progress=False)
+    with pytest.raises(RetrieverError, match="chunk_size must be an integer >= 1"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=emb, chunk_size=0)
+    with pytest.raises(RetrieverError, match=f"shards={N + 1} is more than"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=emb, shards=N + 1, progress=False)
+    assert not (tmp_path / "o").exists() and not (tmp_path / ".o.partial").exists()
+
+
+def test_adopt_checks_dimension_and_count(data, encoder, tmp_path):
+    corpus, _, passages, x = data
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "ok.faiss"))
+    out = adopt_index(tmp_path / "ok.faiss", corpus, tmp_path / "adopted", encoder, progress=False)
+    r = Retriever.load(out, encoder)
+    assert r.manifest["index_type"] == "flat" and r.search_embeddings(x[5:6], 1)[0][0].doc_id == passages[5].doc_id
+    short = faiss.IndexFlatIP(DIM)
+    short.add(x[:10])
+    faiss.write_index(short, str(tmp_path / "short.faiss"))
+    with pytest.raises(RetrieverError, match=f"holds 10 vectors but corpus .* has {N} passages"):
+        adopt_index(tmp_path / "short.faiss", corpus, tmp_path / "a2", encoder, progress=False)
+    narrow = faiss.IndexFlatIP(8)
+    faiss.write_index(narrow, str(tmp_path / "narrow.faiss"))
+    with pytest.raises(RetrieverError, match="holds 8-dim vectors but encoder .* gives 384-dim"):
+        adopt_index(tmp_path / "narrow.faiss", corpus, tmp_path / "a3", encoder, progress=False)
+    (tmp_path / "junk.faiss").write_bytes(b"not faiss")
+    with pytest.raises(RetrieverError, match="is not a FAISS index file"):
+        adopt_index(tmp_path / "junk.faiss", corpus, tmp_path / "a4", encoder, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["adopted"]
+
+
+def test_use_gpu_without_a_gpu_searches_on_cpu(data, encoder, tmp_path, caplog):
+    out = _build(data, encoder, tmp_path / "idx")
+    with caplog.at_level(logging.WARNING, logger="ziprl.env.index_build"):
+        r = Retriever.load(out, encoder, use_gpu=True)
+    if faiss.get_num_gpus() == 0:
+        assert isinstance(r.index, faiss.IndexFlatIP) and "searching on CPU" in caplog.text
+    assert r.search_embeddings(data[3][:1], 1)[0][0].doc_id == "doc-0"
+
+
+def test_from_config_builds_shards_with_embeddings(data, encoder, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZIPRL_CACHE_DIR", str(tmp_path))
+    corpus, emb, _, _ = data
+    cfg = RetrieverConfig(corpus=str(corpus), embeddings=str(emb), shards=2, index_type="IVF8,Flat", train_size=300,
+                          nprobe=8)
+    r = Retriever.from_config(cfg)
+    assert len(r.shards) == 2 and r.manifest["factory"] == "IVF8,Flat"
+    assert faiss.extract_index_ivf(r.shards[0].index).nprobe == 8
+
+
+def test_cli_build_options_and_adopt(data, tmp_path, capsys):
+    corpus, emb, passages, x = data
+    out = tmp_path / "cli"
+    args = ["build", "--corpus", str(corpus), "--out", str(out), "--index", "IVF8,PQ16x4,RFlat", "--shards", "2",
+            "--chunk-size", "100", "--train-size", "400", "--embeddings", str(emb), "--no-progress"]
+    assert cli(args) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["shards"], m["factory"], m["train_size"]) == (2, "IVF8,PQ16x4,RFlat", 400)
+    assert cli(["open", "--index", str(out), passages[450].doc_id]) == 0
+    assert passages[450].text in capsys.readouterr().out
+    assert cli(["build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--index", "IVF8,Nope"]) == 1
+    assert "is not a FAISS factory string" in capsys.readouterr().err
+    short = faiss.IndexFlatIP(DIM)
+    short.add(x[:3])
+    faiss.write_index(short, str(tmp_path / "s.faiss"))
+    assert cli(["adopt", "--faiss", str(tmp_path / "s.faiss"), "--corpus", str(corpus), "--out", str(tmp_path / "a"),
+                "--no-progress"]) == 1
+    assert "holds 3 vectors" in capsys.readouterr().err
+
+
+def test_scan_corpus_streams_and_finds_duplicates(tmp_path):
+    lines = [json.dumps({"id": f"d{i}", "title": "T", "text": "x"}) for i in range(50)]
+    lines.insert(30, json.dumps({"id": "d7", "title": "T", "text": "again"}))
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match="duplicate id 'd7' on lines 8 and 31"):
+        scan_corpus(tmp_path / "c.jsonl")
+    ok = scan_corpus(write_corpus([Passage("a", "T", "x"), Passage("b", "T", "y")], tmp_path / "ok.jsonl"))
+    assert ok.count == 2 and ok.id_hashes.dtype == np.uint64 and len(set(ok.id_hashes.tolist())) == 2

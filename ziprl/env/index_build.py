@@ -1,0 +1,444 @@
+"""Building FAISS index directories at any scale: factory strings, training on a sample, streamed
+chunked adds with resumable checkpoints, shards, precomputed embeddings, adopting a prebuilt index.
+
+Memory while building is bounded by one chunk of vectors (``chunk_size`` x dim x 4 bytes, plus the
+encoder's activations when encoding), the training sample, 16 bytes per passage of id hashes, and the
+index of the shard being filled. The work happens in ``.<out>.partial`` next to ``out``; ``progress.json``
+there (rewritten atomically after each checkpoint) records what is done, so a build that is interrupted
+resumes from its last checkpoint when run again with the same inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from ziprl.env.corpus import iter_corpus, scan_corpus
+from ziprl.env.encoder import Encoder
+from ziprl.env.index_files import (
+    FORMAT_VERSION,
+    INDEX_FILE,
+    MANIFEST_FILE,
+    RetrieverError,
+    missing_files,
+    read_json,
+    read_manifest,
+    replace_dir,
+    shard_bounds,
+    shard_dir,
+    write_json,
+)
+from ziprl.env.passage_store import PassageStore, write_store
+
+log = logging.getLogger(__name__)
+
+ALIASES = {"flat": "Flat", "hnsw": "HNSW32"}  # the two names of the first format, as factory strings
+HNSW_EF_CONSTRUCTION = 200
+PROGRESS_FILE, TRAINED_FILE = "progress.json", "trained.faiss"
+# manifest keys that must agree for an existing index (or a partial build) to be reused
+BUILD_KEYS = ("format", "corpus_sha256", "count", "encoder", "query_prefix", "passage_prefix", "factory", "shards",
+              "embeddings", "train_size")
+
+
+# ---------------------------------------------------------------- index types
+
+
+def factory_string(index_type: str) -> str:
+    """FAISS factory string of an index type: ``flat``/``hnsw`` or any factory string (e.g. ``IVF4096,PQ64,RFlat``)."""
+    if not isinstance(index_type, str) or not index_type.strip():
+        raise RetrieverError(f"index type must be 'flat', 'hnsw' or a FAISS factory string, got {index_type!r}")
+    return ALIASES.get(index_type.strip().lower(), index_type.strip())
+
+
+def new_index(index_type: str, dim: int) -> faiss.Index:
+    """An empty inner-product index of this type and dimension; RetrieverError if FAISS rejects the string."""
+    factory = factory_string(index_type)
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[-1][:200]
+        raise RetrieverError(f"index type {index_type!r} is not a FAISS factory string usable at dim {dim} ({reason}); "
+                             "use flat, hnsw, or e.g. HNSW32, IVF4096,Flat, IVF4096,PQ64,RFlat") from None
+    _tune_training(index)
+    return index
+
+
+def _tune_training(index: faiss.Index) -> None:
+    """HNSW efConstruction 200; no polysemous PQ training (the factory's default: minutes, unused by search)."""
+    idx = faiss.downcast_index(index)
+    if hasattr(idx, "hnsw"):
+        idx.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    if hasattr(idx, "do_polysemous_training"):
+        idx.do_polysemous_training = False
+    for child in ("base_index", "index", "quantizer"):  # IndexRefine / IndexPreTransform / IVF coarse quantizer
+        sub = getattr(idx, child, None)
+        if isinstance(sub, faiss.Index):
+            _tune_training(sub)
+
+
+def set_search_params(index: faiss.Index, nprobe: int = 0, ef_search: int = 0, k_factor: int = 0) -> dict[str, int]:
+    """Apply the search-time parameters this index has (0 = leave FAISS's value); returns those applied."""
+    applied, space = {}, faiss.ParameterSpace()
+    for name, value in (("nprobe", nprobe), ("efSearch", ef_search), ("quantizer_efSearch", ef_search),
+                        ("k_factor_rf", k_factor)):
+        if value > 0:
+            try:
+                space.set_index_parameter(index, name, value)
+                applied[name] = value
+            except RuntimeError:
+                pass  # this index type has no such parameter
+    return applied
+
+
+def to_gpu(index: faiss.Index) -> faiss.Index:
+    """The index on GPU 0 when faiss-gpu and a GPU are present and the type is supported; else unchanged."""
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        log.warning("retriever.use_gpu is set but faiss has no GPU here (install faiss-gpu-cu12); searching on CPU")
+        return index
+    try:
+        gpu = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+    except RuntimeError as exc:
+        log.warning("index type %s cannot move to GPU (%s); searching on CPU", type(index).__name__, exc)
+        return index
+    gpu.referenced_resources = True  # keep the resources alive as long as the index
+    return gpu
+
+
+# ---------------------------------------------------------------- vector sources
+
+
+class Vectors:
+    """Rows of passage vectors, L2-normalised float32, read or encoded a chunk at a time."""
+
+    count: int
+    dim: int
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample(self, rows: np.ndarray) -> np.ndarray:
+        """Vectors of sorted row numbers ``rows`` (the training sample)."""
+        return np.concatenate([self.rows(int(r), int(r) + 1) for r in rows])
+
+
+def _normalised(x: np.ndarray) -> np.ndarray:
+    x = np.require(x, np.float32, ["C", "W", "O"])  # copies only views and other dtypes
+    faiss.normalize_L2(x)
+    return x
+
+
+class NpyVectors(Vectors):
+    """A (count, dim) ``.npy`` file; chunks are read with plain reads (no mapped pages stay resident)."""
+
+    def __init__(self, path: Path):
+        try:
+            self._x = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise RetrieverError(f"embeddings {path} cannot be read as a .npy array ({exc})") from None
+        if self._x.ndim != 2 or not np.issubdtype(self._x.dtype, np.floating) or not self._x.flags.c_contiguous:
+            raise RetrieverError(f"embeddings {path} must be a 2-D C-order float array (passages x dim), "
+                                 f"got shape {self._x.shape} of {self._x.dtype}")
+        self.count, self.dim = self._x.shape
+        self._path = path
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        with open(self._path, "rb") as f:
+            f.seek(self._x.offset + start * self.dim * self._x.itemsize)
+            x = np.fromfile(f, self._x.dtype, (stop - start) * self.dim)
+        return _normalised(x.reshape(stop - start, self.dim))
+
+    def sample(self, rows: np.ndarray) -> np.ndarray:
+        return _normalised(self._x[rows])
+
+
+class ParquetVectors(Vectors):
+    """A Parquet file whose first list<float> column holds one vector per row (read by row group)."""
+
+    def __init__(self, path: Path):
+        try:
+            self._file = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise RetrieverError(f"embeddings {path} cannot be read as Parquet ({exc})") from None
+        schema = self._file.schema_arrow
+        cols = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)
+                or pa.types.is_large_list(f.type)]
+        if not cols:
+            raise RetrieverError(f"embeddings {path} has no list column of vectors (columns: {schema.names})")
+        self._col = cols[0]
+        meta = self._file.metadata
+        self.count = meta.num_rows
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self._starts = np.cumsum([0, *sizes])
+        self._cached: tuple[int, np.ndarray] | None = None
+        self.dim = self._group(0).shape[1] if self.count else 0
+
+    def _group(self, g: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != g:
+            col = self._file.read_row_group(g, columns=[self._col]).column(0).combine_chunks()
+            flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+            if len(col) and len(flat) % len(col):
+                raise RetrieverError(f"embeddings column {self._col!r} holds vectors of different lengths")
+            self._cached = (g, flat.reshape(len(col), -1))
+        return self._cached[1]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        out = []
+        while start < stop:
+            g = int(np.searchsorted(self._starts, start, side="right")) - 1
+            take = self._group(g)[start - self._starts[g]: stop - self._starts[g]]
+            out.append(take)
+            start += len(take)
+        return _normalised(np.concatenate(out))
+
+
+class EncodedVectors(Vectors):
+    """Passages of the partial build's stores, encoded on demand."""
+
+    def __init__(self, stores: list[PassageStore], bounds: list[tuple[int, int]], encoder: Encoder, batch_size: int):
+        self._stores, self._bounds, self._encoder, self._batch = stores, bounds, encoder, batch_size
+        self.count, self.dim = bounds[-1][1], encoder.dim
+
+    def _texts(self, start: int, stop: int) -> list[str]:
+        out: list[str] = []
+        for store, (a, b) in zip(self._stores, self._bounds, strict=True):
+            lo, hi = max(start, a), min(stop, b)
+            if lo < hi:
+                out.extend(store.texts(lo - a, hi - a))
+        return out
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return self._encoder.encode_passages(self._texts(start, stop), self._batch)
+
+    def sample(self, rows: np.ndarray) -> np.ndarray:
+        texts = [t for r in rows for t in self._texts(int(r), int(r) + 1)]
+        return self._encoder.encode_passages(texts, self._batch)
+
+
+def open_vectors(path: str | Path) -> Vectors:
+    """Precomputed passage vectors: ``.npy`` (memory-mapped) or ``.parquet`` (a list<float> column)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise RetrieverError(f"embeddings file {p} does not exist; pass a .npy or .parquet of passage vectors")
+    if p.suffix == ".npy":
+        return NpyVectors(p)
+    if p.suffix == ".parquet":
+        return ParquetVectors(p)
+    raise RetrieverError(f"embeddings file {p} must end in .npy or .parquet")
+
+
+# ---------------------------------------------------------------- streamed, resumable build
+
+
+def _write_index(index: faiss.Index, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
+
+
+def train_template(index_type: str, source: Vectors, train_size: int, seed: int = 0) -> faiss.Index:
+    """An empty index of this type, trained (when it needs training) on ``train_size`` rows sampled uniformly."""
+    index = new_index(index_type, source.dim)
+    if not index.is_trained:
+        n = min(train_size, source.count)
+        rows = np.sort(np.random.default_rng(seed).choice(source.count, n, replace=False))
+        log.info("training %s on %d sampled vectors", factory_string(index_type), n)
+        index.train(source.sample(rows))
+    return index
+
+
+def fill_index(index: faiss.Index, source: Vectors, start: int, stop: int, chunk_size: int, bar: tqdm,
+               checkpoint: Any = None, checkpoint_s: float = 300.0) -> faiss.Index:
+    """Add rows ``start..stop-1`` (after the ``index.ntotal`` already added) a chunk at a time.
+
+    ``checkpoint(index, added)`` is called every ``checkpoint_s`` seconds (0 = after every chunk).
+    """
+    last = time.monotonic()
+    row = start + index.ntotal
+    while row < stop:
+        end = min(stop, row + chunk_size)
+        index.add(source.rows(row, end))
+        bar.update(end - row)
+        row = end
+        if checkpoint is not None and row < stop and time.monotonic() - last >= checkpoint_s:
+            checkpoint(index, row - start)
+            last = time.monotonic()
+    return index
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise RetrieverError(f"index output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        raise RetrieverError(f"{out} is a non-empty directory that is not a ZipRL index; choose another output directory")
+
+
+def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    p = Path(path).expanduser().resolve()
+    st = p.stat()
+    return {"path": str(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
+                index_type: str = "flat", batch_size: int = 64, progress: bool = True, *, shards: int = 1,
+                chunk_size: int = 65536, train_size: int = 262144, embeddings: str | Path | None = None,
+                checkpoint_s: float = 300.0) -> Path:
+    """Build (or reuse, or resume) an index directory for a JSONL corpus of any size. Returns ``out_dir``.
+
+    Vectors come from ``embeddings`` (a ``.npy``/``.parquet`` aligned row for row with the corpus) or
+    from ``encoder``. Every input is checked before any vector is encoded or added.
+    """
+    for name, value, low in (("batch_size", batch_size, 1), ("shards", shards, 1), ("chunk_size", chunk_size, 1),
+                             ("train_size", train_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise RetrieverError(f"{name} must be an integer >= {low}, got {value!r}")
+    factory = factory_string(index_type)
+    out = Path(out_dir).expanduser()
+    _check_out(out)
+    source = open_vectors(embeddings) if embeddings is not None else None
+    scan = scan_corpus(corpus_path, progress)
+    if shards > scan.count:
+        raise RetrieverError(f"shards={shards} is more than the corpus's {scan.count} passages")
+    encoder = encoder or Encoder(batch_size=batch_size)
+    if source is not None and source.count != scan.count:
+        raise RetrieverError(f"embeddings {embeddings} hold {source.count} vectors but corpus {corpus_path} has "
+                             f"{scan.count} passages; they must be aligned row for row")
+    dim = source.dim if source is not None else encoder.dim
+    if source is not None and encoder.dim != dim:
+        raise RetrieverError(f"embeddings {embeddings} are {dim}-dim but query encoder {encoder.encoder_id} gives "
+                             f"{encoder.dim}-dim vectors; pass the encoder that made them (--encoder)")
+    trained = not new_index(index_type, dim).is_trained  # also validates the factory string at this dim
+    manifest = {
+        "format": FORMAT_VERSION, "corpus_sha256": scan.sha256, "count": scan.count, "dim": dim,
+        "encoder": encoder.encoder_id, "encoder_path": str(encoder.path) if encoder.path else None,
+        "query_prefix": encoder.query_prefix, "passage_prefix": encoder.passage_prefix,
+        "index_type": index_type, "factory": factory, "shards": shards, "embeddings": _embeddings_key(embeddings),
+        "train_size": min(train_size, scan.count) if trained else None, "metric": "inner_product",
+    }
+    old = read_manifest(out)
+    if old is not None and not missing_files(out, old) and all(old.get(k) == manifest[k] for k in BUILD_KEYS):
+        log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_name(f".{out.name}.partial")
+    state = read_json(work / PROGRESS_FILE)
+    build = {k: manifest[k] for k in BUILD_KEYS}
+    if state is None or state.get("build") != build:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        state = {"build": build, "stored": False, "trained": False, "added": [0] * shards, "files": [None] * shards}
+        write_json(work / PROGRESS_FILE, state)
+    else:
+        log.info("resuming the build in %s (%d of %d vectors added)", work, sum(state["added"]), scan.count)
+    bounds = shard_bounds(scan.count, shards)
+    parts = [shard_dir(work, s, shards) for s in range(shards)]
+    if not state["stored"]:
+        passages = (p for _, p in iter_corpus(corpus_path))
+        for part, (a, b) in zip(parts, bounds, strict=True):
+            part.mkdir(exist_ok=True)
+            write_store(islice(passages, b - a), part, scan.id_hashes[a:b])
+        state["stored"] = True
+        write_json(work / PROGRESS_FILE, state)
+    stores = [PassageStore(part) for part in parts]
+    if source is None:
+        source = EncodedVectors(stores, bounds, encoder, batch_size)
+    if not state["trained"]:
+        _write_index(train_template(index_type, source, train_size), work / TRAINED_FILE)
+        state["trained"] = True
+        write_json(work / PROGRESS_FILE, state)
+    with tqdm(total=scan.count, initial=sum(state["added"]), desc="adding vectors", unit="vec",
+              disable=not progress) as bar:
+        for s, (part, (a, b)) in enumerate(zip(parts, bounds, strict=True)):
+            if state["files"][s] == INDEX_FILE:
+                continue
+            name = state["files"][s]
+            index = faiss.read_index(str(part / name) if name else str(work / TRAINED_FILE))
+
+            def checkpoint(idx: faiss.Index, added: int, s: int = s, part: Path = part) -> None:
+                name = f"index.partial-{added}.faiss"
+                _write_index(idx, part / name)
+                previous, state["files"][s], state["added"][s] = state["files"][s], name, added
+                write_json(work / PROGRESS_FILE, state)
+                if previous:
+                    (part / previous).unlink(missing_ok=True)
+
+            fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s)
+            _write_index(index, part / INDEX_FILE)
+            previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
+            write_json(work / PROGRESS_FILE, state)
+            if previous:
+                (part / previous).unlink(missing_ok=True)
+            del index
+    (work / TRAINED_FILE).unlink(missing_ok=True)
+    (work / PROGRESS_FILE).unlink()
+    manifest["shard_counts"] = [b - a for a, b in bounds]
+    write_json(work / MANIFEST_FILE, manifest)
+    replace_dir(work, out)
+    return out
+
+
+# ---------------------------------------------------------------- adopt
+
+
+def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
+                progress: bool = True) -> Path:
+    """Make an index directory from a prebuilt FAISS index whose rows are the corpus's passages in order.
+
+    Checks first that the index's count equals the corpus's and its dimension the encoder's.
+    """
+    src = Path(faiss_file).expanduser()
+    if not src.is_file():
+        raise RetrieverError(f"FAISS index file {src} does not exist")
+    out = Path(out_dir).expanduser()
+    _check_out(out)
+    try:
+        index = faiss.read_index(str(src), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError as exc:
+        raise RetrieverError(f"{src} is not a FAISS index file ({str(exc).strip().splitlines()[-1][:120]})") from None
+    encoder = encoder or Encoder()
+    if index.d != encoder.dim:
+        raise RetrieverError(f"FAISS index {src} holds {index.d}-dim vectors but encoder {encoder.encoder_id} gives "
+                             f"{encoder.dim}-dim vectors; pass the encoder it was built with (--encoder)")
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        log.warning("%s uses metric %d, not inner product: scores are not cosine similarities", src, index.metric_type)
+    scan = scan_corpus(corpus_path, progress)
+    if index.ntotal != scan.count:
+        raise RetrieverError(f"FAISS index {src} holds {index.ntotal} vectors but corpus {corpus_path} has "
+                             f"{scan.count} passages; adopt needs one vector per passage, in corpus order")
+    is_flat = type(faiss.downcast_index(index)) is faiss.IndexFlatIP
+    manifest = {
+        "format": FORMAT_VERSION, "corpus_sha256": scan.sha256, "count": scan.count, "dim": index.d,
+        "encoder": encoder.encoder_id, "encoder_path": str(encoder.path) if encoder.path else None,
+        "query_prefix": encoder.query_prefix, "passage_prefix": encoder.passage_prefix,
+        "index_type": "flat" if is_flat else "adopted", "factory": "Flat" if is_flat else type(index).__name__,
+        "shards": 1, "embeddings": None, "train_size": None, "adopted_from": src.name,
+        "metric": "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else str(index.metric_type),
+        "shard_counts": [scan.count],
+    }
+    del index
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_name(f".{out.name}.adopting")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        write_store((p for _, p in iter_corpus(corpus_path)), work, scan.id_hashes)
+        shutil.copyfile(src, work / INDEX_FILE)
+        write_json(work / MANIFEST_FILE, manifest)
+        replace_dir(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+

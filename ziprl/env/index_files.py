@@ -1,0 +1,80 @@
+"""The on-disk layout of an index directory, its manifest, and the retriever's errors.
+
+Format 2: ``manifest.json`` (written last) and, for one shard, ``index.faiss`` + the passage store
+(:mod:`ziprl.env.passage_store`) in the directory itself; for N > 1 shards the same files in
+``shard-000`` .. ``shard-<N-1>``, each holding a contiguous range of the corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ziprl.env.passage_store import STORE_FILES
+
+INDEX_FILE, MANIFEST_FILE = "index.faiss", "manifest.json"
+FORMAT_VERSION = 2
+PART_FILES = (INDEX_FILE, *STORE_FILES)
+
+
+class RetrieverError(ValueError):
+    """Bad retriever input, or an index/encoder that cannot be used; the message says how to fix it."""
+
+
+class UnknownDocument(KeyError):
+    """``open`` was given an id that is not in the index."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown document id"
+
+
+def shard_dir(index_dir: Path, shard: int, shards: int) -> Path:
+    """Directory holding shard ``shard`` of an index with ``shards`` shards."""
+    return index_dir if shards == 1 else index_dir / f"shard-{shard:03d}"
+
+
+def shard_bounds(count: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` row ranges of each shard (sizes differ by at most one)."""
+    cuts = [count * i // shards for i in range(shards + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_manifest(index_dir: Path) -> dict[str, Any] | None:
+    return read_json(index_dir / MANIFEST_FILE)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def missing_files(index_dir: Path, manifest: dict[str, Any] | None) -> list[str]:
+    """Files an index directory lacks (relative names); the manifest says how many shards to expect."""
+    shards = int((manifest or {}).get("shards", 1))
+    names = [MANIFEST_FILE] + [str(shard_dir(Path(), s, shards) / f) for s in range(shards) for f in PART_FILES]
+    return [n for n in names if not (index_dir / n).is_file()]
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Move a finished temp dir into place; the old index (if any) is removed only afterwards."""
+    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}") if dest.exists() else None
+    if old is not None:
+        dest.rename(old)
+    new.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
