@@ -93,6 +93,10 @@ class RetrieverDeployment:
         except KeyError as exc:
             return {"error": str(exc)}
 
+    def hit_at(self, row: int) -> Hit:
+        """Passage ``row`` as a search hit (env.retrieval_noise); ``num_docs`` from :meth:`stats` bounds it."""
+        return self._retriever.hit_at(row)
+
     def stats(self) -> dict[str, float]:
         """Counters of this replica: batches, queries, largest batch, seconds in search, index size."""
         return {"batches": self._batches, "queries": self._queries, "max_batch": self._max_batch,
@@ -178,6 +182,7 @@ class ServeRetrieverClient:
 
     def __init__(self, handle: DeploymentHandle):
         self.handle = handle
+        self._num_passages: int | None = None
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Top-k hits per query: one request; the replica batches its queries with other actors'."""
@@ -192,6 +197,14 @@ class ServeRetrieverClient:
         if isinstance(p, dict):
             raise UnknownDocument(p["error"])
         return p
+
+    def num_passages(self) -> int:
+        if self._num_passages is None:
+            self._num_passages = int(self.stats()["num_docs"])
+        return self._num_passages
+
+    def hit_at(self, row: int) -> Hit:
+        return self.handle.hit_at.remote(row).result()
 
     def stats(self) -> dict[str, float]:
         """Counters of the replica that answers this call (see RetrieverDeployment.stats)."""

@@ -338,3 +338,12 @@ class Retriever:
             raise UnknownDocument(f"unknown document id {doc_id!r}; open takes an id returned by search")
         return Passage(doc_id=self._ids[row], title=self._title[row].as_py(), text=self._text[row].as_py(),
                        url=self._url[row].as_py())
+
+    # ------------------------------------------------ random access (env.retrieval_noise draws rows)
+
+    def num_passages(self) -> int:
+        return len(self)
+
+    def hit_at(self, row: int) -> Hit:
+        """Passage ``row`` rendered as a search hit (score 0)."""
+        return self._hit(row, 0.0)

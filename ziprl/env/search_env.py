@@ -10,6 +10,7 @@ import gymnasium as gym
 
 from ziprl.config import EnvConfig, RetrieverConfig, _from_dict
 from ziprl.env.context import ContextState, Observation
+from ziprl.env.noise import inject_noise, noise_rng
 from ziprl.env.prompts import system_prompt
 from ziprl.env.protocol import ParsedTurn, parse_turn, unescape
 from ziprl.env.types import QAExample, RetrieverLike
@@ -79,6 +80,8 @@ class SearchCompressEnv(gym.Env):
         self.turn = 0
         self._done = True
         self._last_obs = ""
+        self._noise = None  # the episode's noise stream (env.retrieval_noise), spawned at reset
+        self._retrieved: tuple[int, list[str]] = (0, [])  # this turn: passages retrieved, ids of injected ones
 
     @property
     def retriever(self) -> RetrieverLike:
@@ -98,6 +101,7 @@ class SearchCompressEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        self._noise = noise_rng(self.np_random.bit_generator.seed_seq)
         options = options or {}
         if "example" in options:
             self.example = _as_example(options["example"])
@@ -144,13 +148,16 @@ class SearchCompressEnv(gym.Env):
             return None, None, (em if c.reward == "em" else f1), {"em": em, "f1": f1}
         try:
             if parsed.action == "search":
-                hits = self.retriever.search([arg], c.top_k)[0]
+                hits, injected = inject_noise(self.retriever.search([arg], c.top_k)[0], c.retrieval_noise,
+                                              self.retriever, self._noise)
+                self._retrieved = (len(hits), injected)
                 text = "\n".join(f"[{h.doc_id}] {h.title}\n{h.snippet}" for h in hits) or "(no results)"
                 return Observation(self.turn, f'search "{arg[:200]}"', text), None, 0.0, {}
             try:
                 p = self.retriever.open(arg)
             except KeyError:
                 p = self.retriever.open(parsed.argument)  # the id as written, if it holds '&'
+            self._retrieved = (1, [])  # open is not noised: an id always opens its own passage
             return Observation(self.turn, f"open {arg[:200]}", f"[{p.doc_id}] {p.title}\n{p.text[: c.open_max_chars]}"), None, 0.0, {}
         except KeyError:
             return None, f"no document with id {arg[:200]!r}; open an id shown in search results", 0.0, {}
@@ -162,6 +169,7 @@ class SearchCompressEnv(gym.Env):
             raise RuntimeError("the episode is over (or never started): call reset() before step()")
         c, ctx = self.config, self.context
         self.turn += 1
+        self._retrieved = (0, [])
         parsed = parse_turn(action, c.max_response_chars)
         if parsed.error is None and c.strategy in COMPRESSING and parsed.compression is None:
             parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')
@@ -196,6 +204,9 @@ class SearchCompressEnv(gym.Env):
             "tool_error": tool_error,
             "observation_chars": observation_chars,
             "context_chars": len(self._last_obs),
+            "retrieved": self._retrieved[0],
+            "noisy_hits": len(self._retrieved[1]),
+            "noise_doc_ids": self._retrieved[1],
             "messages": messages,
             **metrics,
         }
