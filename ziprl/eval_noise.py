@@ -84,9 +84,9 @@ def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], ou
     setup = load_eval_setup(cfg)
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}
-    for p in levels:
-        cfg_p = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, retrieval_noise=p))
-        for strategy in strategies:
+    for strategy in strategies:  # a whole curve per strategy first: an interrupted sweep leaves full curves
+        for p in levels:
+            cfg_p = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, retrieval_noise=p))
             stats, trajs = run_strategy(cfg_p, strategy, setup, progress)
             stats["injected_frac"], stats["mean_level"] = injected_fraction(trajs), mean_level(stats)
             rows[strategy][f"{p:g}"] = stats
