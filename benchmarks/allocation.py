@@ -121,7 +121,7 @@ def run(items: list[dict], scales: list[float]) -> list[dict]:
         oracle = variant == "oracle"
         ada_notes = notes_for(items, adaptive_level, s, oracle)
         target = _chars(ada_notes)
-        t, _ = match_budget(lambda x: _chars(notes_for(items, uniform_level, x, oracle)), target, 1e-3, 10.0, iters=24)
+        t, _ = match_budget(lambda x, o=oracle: _chars(notes_for(items, uniform_level, x, o)), target, 1e-3, 10.0, iters=24)
         uni_notes = notes_for(items, uniform_level, t, oracle)
         levels = [relevance_level(it["question"], it["answers"] if oracle else [], text)
                   for it in items for text in it["pool"]]
