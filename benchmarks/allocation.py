@@ -2,7 +2,8 @@
 
 Questions: the pooled HotpotQA + MuSiQue questions with supporting titles (../shared/data). Each question's
 retrieved pool is its context paragraphs (supporting + distractors, as in the pooled corpus). Both policies
-write the scripted teacher's extractive notes (``ziprl.env.scripted.extractive_note``) for every paragraph:
+write the scripted teacher's extractive notes (``ziprl.env.scripted.extractive_note``: its sentence ranking,
+computed once per paragraph, then its selection at each budget) for every paragraph:
 
 - adaptive: the teacher's level per paragraph (``relevance_level``: answer-bearing -> 4, question-keyword
   overlap -> 3/2, else 1) with the level ranges at scale s;
@@ -16,7 +17,7 @@ supporting paragraph that contain that hop's answer) and Q_info of the memory ag
 also per 1,000 characters kept. Two variants: ``oracle`` (the teacher as scripted: relevance and sentence
 ranking see the gold answer) and ``question-only`` (answers hidden from the policy: keywords of the question).
 
-    python benchmarks/allocation.py [--scales 0.05,0.1,0.15,0.25,0.4,0.7] [--limit 0]
+    python benchmarks/allocation.py [--scales 0.03,0.05,0.08,0.12,0.2,0.3,0.5] [--limit 0]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from _common import RESULTS, write_results  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from ziprl.env.datasets import context_paragraphs, load_dataset, shared_file  # noqa: E402
-from ziprl.env.scripted import extractive_note, relevance_level  # noqa: E402
+from ziprl.env.scripted import rank_sentences, relevance_level, select_sentences  # noqa: E402
 from ziprl.scoring import level_spec, normalize_answer  # noqa: E402
 from ziprl.scoring.allocation import (  # noqa: E402
     answer_present,
@@ -83,15 +84,24 @@ def load_items(limit: int = 0) -> list[dict]:
     return items[:limit] if limit else items
 
 
-def notes_for(items: list[dict], level_of, scale: float, oracle: bool) -> list[list[str]]:
-    """Extractive notes of every pool paragraph, at level ``level_of(item, text)``'s range scaled by ``scale``."""
+def prepare(items: list[dict], oracle: bool) -> list[list[tuple]]:
+    """Per paragraph: the teacher's sentence ranking and relevance level (answers seen only when ``oracle``)."""
     out = []
     for it in items:
         answers = it["answers"] if oracle else []
+        out.append([(*rank_sentences(it["question"], answers, text), relevance_level(it["question"], answers, text), text)
+                    for text in it["pool"]])
+    return out
+
+
+def notes_at(prepared: list[list[tuple]], level_of, scale: float) -> list[list[str]]:
+    """The teacher's extractive note of every paragraph at level ``level_of(relevance level)``, ranges x ``scale``."""
+    out = []
+    for paragraphs in prepared:
         notes = []
-        for text in it["pool"]:
-            spec = level_spec(level_of(it, text, answers), scale)
-            notes.append(extractive_note(it["question"], answers, text, spec.char_low, spec.char_high))
+        for sents, order, level, text in paragraphs:
+            spec = level_spec(level_of(level), scale)
+            notes.append(select_sentences(sents, order, spec.char_low, spec.char_high) if sents else text[:spec.char_high])
         out.append(notes)
     return out
 
@@ -114,17 +124,15 @@ def measure(items: list[dict], notes: list[list[str]]) -> dict[str, float]:
 
 def run(items: list[dict], scales: list[float]) -> list[dict]:
     rows = []
-    adaptive_level = lambda it, text, answers: relevance_level(it["question"], answers, text)  # noqa: E731
-    uniform_level = lambda it, text, answers: UNIFORM_LEVEL  # noqa: E731
     points = [(v, s) for v in ("oracle", "question-only") for s in scales]
+    prepared = {v: prepare(items, v == "oracle") for v in ("oracle", "question-only")}
     for variant, s in tqdm(points, desc="budgets", unit="budget"):
-        oracle = variant == "oracle"
-        ada_notes = notes_for(items, adaptive_level, s, oracle)
-        target = _chars(ada_notes)
-        t, _ = match_budget(lambda x, o=oracle: _chars(notes_for(items, uniform_level, x, o)), target, 1e-3, 10.0, iters=24)
-        uni_notes = notes_for(items, uniform_level, t, oracle)
-        levels = [relevance_level(it["question"], it["answers"] if oracle else [], text)
-                  for it in items for text in it["pool"]]
+        prep = prepared[variant]
+        ada_notes = notes_at(prep, lambda g: g, s)
+        uniform = lambda x, p=prep: _chars(notes_at(p, lambda g: UNIFORM_LEVEL, x))  # noqa: E731
+        t, _ = match_budget(uniform, _chars(ada_notes), 1e-3, 10.0)
+        uni_notes = notes_at(prep, lambda g: UNIFORM_LEVEL, t)
+        levels = [level for paragraphs in prep for _, _, level, _ in paragraphs]
         for policy, notes, scale in (("adaptive", ada_notes, s), ("uniform", uni_notes, t)):
             m = measure(items, notes)
             row = {"variant": variant, "budget_scale": s, "policy": policy, "level_scale": round(scale, 4), **m}
@@ -175,7 +183,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scales", default="0.05,0.1,0.15,0.25,0.4,0.7", help="adaptive level scales (one budget each)")
+    ap.add_argument("--scales", default="0.03,0.05,0.08,0.12,0.2,0.3,0.5", help="adaptive level scales (one budget each)")
     ap.add_argument("--limit", type=int, default=0, help="questions (0 = all with supporting titles)")
     args = ap.parse_args(argv)
     items = load_items(args.limit)
