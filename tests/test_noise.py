@@ -103,6 +103,20 @@ def test_measured_rate_matches_p():
     assert inject_noise(hits, 0.3, WordRetriever(PASSAGES[:1]), rng) == (hits, [])  # nothing else to draw
 
 
+def test_noise_needs_a_retriever_with_random_access():
+    class SearchOnly:
+        def search(self, queries, k):
+            return [[] for _ in queries]
+
+        def open(self, doc_id):
+            raise KeyError(doc_id)
+
+    SearchCompressEnv(EnvConfig(), retriever=SearchOnly(), examples=EXAMPLES).reset(seed=0)  # noise off: fine
+    env = SearchCompressEnv(EnvConfig(retrieval_noise=0.1), retriever=SearchOnly(), examples=EXAMPLES)
+    with pytest.raises(ValueError, match="SearchOnly lacks num_passages, hit_at: add them or set env.retrieval_noise=0"):
+        env.reset(seed=0)
+
+
 def test_config_validates_noise():
     assert load_config(None, ["env.retrieval_noise=0.25"]).env.retrieval_noise == 0.25
     for bad in ("1.5", "-0.1"):
@@ -128,6 +142,7 @@ def test_trajectory_noise_fields_round_trip_and_old_files_load(tmp_path):
         ("search", 0, 0, []), ("open", 0, 0, [])]
 
 
+@pytest.mark.slow
 def test_real_retriever_hit_at_renders_like_search():
     from ziprl.config import RetrieverConfig
     from ziprl.env.retriever import Retriever

@@ -19,6 +19,15 @@ def noise_rng(seed_seq: np.random.SeedSequence) -> np.random.Generator:
     return np.random.default_rng(seed_seq.spawn(1)[0])
 
 
+def check_noise_retriever(retriever: RetrieverLike) -> None:
+    """ValueError unless the retriever offers the random access that noise needs."""
+    missing = [m for m in ("num_passages", "hit_at") if not callable(getattr(retriever, m, None))]
+    if missing:
+        raise ValueError(f"env.retrieval_noise > 0 needs a retriever with num_passages() and hit_at(row) "
+                         f"(see ziprl.env.types.RetrieverLike); {type(retriever).__name__} lacks {', '.join(missing)}: "
+                         "add them or set env.retrieval_noise=0")
+
+
 def inject_noise(hits: list[Hit], p: float, retriever: RetrieverLike, rng: np.random.Generator) -> tuple[list[Hit], list[str]]:
     """Hits with each one replaced w.p. ``p`` by a random other passage; returns (hits, ids of injected passages)."""
     if p <= 0.0 or not hits:

@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from ziprl.config import EnvConfig, RetrieverConfig, _from_dict
 from ziprl.env.context import ContextState, Observation
-from ziprl.env.noise import inject_noise, noise_rng
+from ziprl.env.noise import check_noise_retriever, inject_noise, noise_rng
 from ziprl.env.prompts import system_prompt
 from ziprl.env.protocol import ParsedTurn, parse_turn, unescape
 from ziprl.env.types import QAExample, RetrieverLike
@@ -102,6 +102,8 @@ class SearchCompressEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._noise = noise_rng(self.np_random.bit_generator.seed_seq)
+        if self.config.retrieval_noise > 0:
+            check_noise_retriever(self.retriever)
         options = options or {}
         if "example" in options:
             self.example = _as_example(options["example"])
