@@ -17,7 +17,7 @@ supporting paragraph that contain that hop's answer) and Q_info of the memory ag
 also per 1,000 characters kept. Two variants: ``oracle`` (the teacher as scripted: relevance and sentence
 ranking see the gold answer) and ``question-only`` (answers hidden from the policy: keywords of the question).
 
-    python benchmarks/allocation.py [--scales 0.03,0.05,0.08,0.12,0.2,0.3,0.5] [--limit 0]
+    python benchmarks/allocation.py [--scales 0.03,0.05,0.08,0.12,0.2,0.3,0.5] [--limit 0] [--plot-only]
 """
 
 from __future__ import annotations
@@ -157,6 +157,8 @@ def verdict(rows: list[dict]) -> dict[str, dict[str, list[int]]]:
 
 
 def plot(rows: list[dict], path: Path) -> Path:
+    import matplotlib.ticker
+
     from ziprl.plots import _plt
 
     plt = _plt()
@@ -171,6 +173,7 @@ def plot(rows: list[dict], path: Path) -> Path:
                 pts = [(r["chars_per_doc"], r[k]) for r in rows if r["variant"] == v and r["policy"] == policy]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=policy)
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("mean characters kept per paragraph")
             ax.set_title(f"{labels[k]} ({v})")
             ax.grid(alpha=0.3)
@@ -185,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="0.03,0.05,0.08,0.12,0.2,0.3,0.5", help="adaptive level scales (one budget each)")
     ap.add_argument("--limit", type=int, default=0, help="questions (0 = all with supporting titles)")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from results/allocation.json")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads((RESULTS / "allocation.json").read_text())["rows"], RESULTS / "allocation.png")
+        return 0
     items = load_items(args.limit)
     rows = run(items, [float(s) for s in args.scales.split(",")])
     result = verdict(rows)
