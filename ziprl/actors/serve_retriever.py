@@ -50,7 +50,7 @@ def search_error(query: Any, k: Any, num_docs: int, max_chars: int | None = None
 
 @serve.deployment
 class RetrieverDeployment:
-    """One replica = one loaded index. Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``stats()``."""
+    """One replica = one loaded index. Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``hit_at(row)``, ``stats()``."""
 
     def __init__(self, retriever: RetrieverConfig | dict, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01):
         cfg = _from_dict(RetrieverConfig, retriever) if isinstance(retriever, dict) else retriever
