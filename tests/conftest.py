@@ -35,6 +35,13 @@ class WordRetriever:
     def open(self, doc_id: str) -> Passage:
         return self.passages[doc_id]
 
+    def num_passages(self) -> int:
+        return len(self.passages)
+
+    def hit_at(self, row: int) -> Hit:
+        p = list(self.passages.values())[row]
+        return Hit(p.doc_id, p.title, p.text[:200], 0.0)
+
 
 PASSAGES = [
     Passage("d1", "Scott Derrickson", "Scott Derrickson (born July 16, 1966) is an American director, screenwriter and "

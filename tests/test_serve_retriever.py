@@ -150,6 +150,11 @@ def test_open_and_unknown_id(client, local, passages):
         client.open("")
 
 
+def test_random_access_for_retrieval_noise(client, local, passages):
+    assert client.num_passages() == local.num_passages() == len(passages)
+    assert [client.hit_at(r) for r in (0, 7, len(passages) - 1)] == [local.hit_at(r) for r in (0, 7, len(passages) - 1)]
+
+
 def test_bad_k_and_query_raise_retriever_error(client):
     for k in (0, N_DOCS + 1, MAX_K + 1, 2.5, True):
         with pytest.raises(RetrieverError, match="k must be"):

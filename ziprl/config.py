@@ -69,6 +69,7 @@ class EnvConfig:
     reward: str = "em"  # em | f1
     max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
     memory_max_chars: int | None = None  # newest notes that fit; None = 2x level 5's (scaled) range, 0 = no bound
+    retrieval_noise: float = 0.0  # probability that each search hit is replaced by a random corpus passage (paper App. noise)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
 
@@ -245,6 +246,7 @@ class ZipRLConfig:
             (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
             (e.reward in ("em", "f1"), f"env.reward must be 'em' or 'f1', got {e.reward!r}"),
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
+            (0.0 <= e.retrieval_noise <= 1.0, f"env.retrieval_noise must be in [0, 1], got {e.retrieval_noise}"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
             (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
             (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",

@@ -2,10 +2,12 @@
 
     python -m ziprl.eval [--dataset sample|pooled|hotpotqa|musique|squad|PATH] [--strategy adaptive,react,...]
                          [--model PATH] [--max-turns 20] [--top-k 5] [--limit 20] [--samples 1] [--seed 0]
-                         [--out runs/eval] [--config FILE.yaml] [--set section.field=value ...]
+                         [--out runs/eval] [--noise 0,0.25,0.5,0.75,1.0] [--config FILE.yaml]
+                         [--set section.field=value ...]
 
 Writes ``report.json``, ``report.md``, ``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file
-per strategy under ``--out``.
+per strategy under ``--out``. With ``--noise`` it runs the noisy-retrieval sweep instead (see
+:mod:`ziprl.eval_noise`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ziprl.config import STRATEGIES, ConfigError, RetrieverConfig, ZipRLConfig, check_top_k, load_config
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.errors import run_command
+from ziprl.eval_noise import noise_sweep, parse_noise_levels
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
 from ziprl.policy.models import check_model_paths
 
@@ -48,28 +52,43 @@ def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True) -> dict[str, dict[str, float]]:
-    """Roll out every strategy on the same questions; write report, plots and trajectories."""
-    from ziprl.env import SearchCompressEnv
+def load_eval_setup(cfg: ZipRLConfig) -> tuple[list, Any, Any]:
+    """The questions, retriever and generation engine an evaluation runs with."""
     from ziprl.env.datasets import load_dataset
     from ziprl.env.retriever import Retriever
     from ziprl.policy import make_engine
-    from ziprl.policy.rollout import rollout
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
-    check_top_k(cfg.env, len(retriever))
-    engine = make_engine(cfg.model)
+    check_top_k(cfg.env, retriever.num_docs)
+    return examples, retriever, make_engine(cfg.model)
+
+
+def run_strategy(cfg: ZipRLConfig, strategy: str, setup: tuple[list, Any, Any], progress: bool = True,
+                 ) -> tuple[dict[str, float], list[Trajectory]]:
+    """Roll out one strategy (with ``cfg.env``'s other settings) on every question; its stats and trajectories."""
+    from ziprl.env import SearchCompressEnv
+    from ziprl.policy.rollout import rollout
+
+    examples, retriever, engine = setup
+    env_cfg = dataclasses.replace(cfg.env, strategy=strategy)
+    t0 = time.perf_counter()
+    trajs = rollout(engine, lambda ec=env_cfg: SearchCompressEnv(ec, retriever=retriever, examples=examples),
+                    examples, cfg.sampling, group_size=cfg.rollout.group_size, seed=cfg.data.seed, progress=progress)
+    stats = trajectory_stats(trajs)
+    stats["seconds"] = time.perf_counter() - t0
+    return stats, trajs
+
+
+def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True) -> dict[str, dict[str, float]]:
+    """Roll out every strategy on the same questions; write report, plots and trajectories."""
+    setup = load_eval_setup(cfg)
+    examples = setup[0]
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, float]] = {}
     all_trajs: dict[str, list[Trajectory]] = {}
     for strategy in strategies:
-        env_cfg = dataclasses.replace(cfg.env, strategy=strategy)
-        t0 = time.perf_counter()
-        trajs = rollout(engine, lambda ec=env_cfg: SearchCompressEnv(ec, retriever=retriever, examples=examples),
-                        examples, cfg.sampling, group_size=cfg.rollout.group_size, seed=cfg.data.seed, progress=progress)
-        stats = trajectory_stats(trajs)
-        stats["seconds"] = time.perf_counter() - t0
+        stats, trajs = run_strategy(cfg, strategy, setup, progress)
         rows[strategy], all_trajs[strategy] = stats, trajs
         save_trajectories(trajs, out / f"trajectories_{strategy}.parquet")
         print(f"[eval] {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} turns={stats['turns']:.2f} "
@@ -98,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--out", default="runs/eval")
+    ap.add_argument("--noise", help="comma-separated retrieval-noise levels, e.g. 0,0.25,0.5,0.75,1.0: run the sweep")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
     flags = {"data.dataset": args.dataset, "model.path": args.model, "env.max_turns": args.max_turns,
@@ -110,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
         cfg = load_config(args.config, overrides)
+        levels = parse_noise_levels(args.noise) if args.noise is not None else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     check_model_paths(cfg.model.path)
+    if levels is not None:
+        noise_sweep(cfg, strategies, levels, Path(args.out))
+        print(f"[eval] noise sweep: {Path(args.out) / 'noise.md'}")
+        return 0
     evaluate(cfg, strategies, Path(args.out))
     print(f"[eval] report: {Path(args.out) / 'report.md'}")
     return 0

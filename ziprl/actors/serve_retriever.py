@@ -124,6 +124,12 @@ class RetrieverShard:
         except KeyError:
             return None
 
+    def size(self) -> int:
+        return len(self._retriever)
+
+    def hit_at(self, row: int) -> Hit:
+        return self._retriever.hit_at(row)
+
     def check_health(self) -> None:
         if len(self._retriever) == 0:
             raise RuntimeError("retriever shard is empty")
@@ -133,12 +139,13 @@ class RetrieverShard:
 class RetrieverDeployment:
     """One replica = one loaded index, or the router of a sharded one (``shards``: a handle per shard).
 
-    Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``stats()``.
+    Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``hit_at(row)``, ``stats()``.
     """
 
     def __init__(self, retriever: RetrieverConfig | dict, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01,
                  shards: list[DeploymentHandle] | None = None, http_token: str | None = None):
         self._shards = shards or []
+        self._sizes: list[int] | None = None  # passages per shard (a router's hit_at), asked once
         self._http_token = http_token
         # a router loads the manifest and encoder only (shards=[]); the shard deployments hold the indexes
         self._retriever = Retriever.from_config(_config(retriever), shards=[] if self._shards else None)
@@ -191,6 +198,21 @@ class RetrieverDeployment:
             self._retriever.open(doc_id)  # raises UnknownDocument with the usual message
         except KeyError as exc:
             return {"error": str(exc)}
+
+    async def hit_at(self, row: int) -> Hit:
+        """Passage ``row`` as a search hit (env.retrieval_noise); ``num_docs`` from :meth:`stats` bounds it.
+
+        A router asks the shard holding the row (shards are contiguous slices of the corpus, in order).
+        """
+        if not self._shards:
+            return self._retriever.hit_at(row)
+        if self._sizes is None:
+            self._sizes = list(await asyncio.gather(*(h.size.remote() for h in self._shards)))
+        for handle, size in zip(self._shards, self._sizes, strict=True):
+            if row < size:
+                return await handle.hit_at.remote(row)
+            row -= size
+        raise IndexError("passage row out of range")
 
     def stats(self) -> dict[str, float]:
         """Counters of this replica: batches, queries, largest batch, seconds in search, index size."""
@@ -297,6 +319,7 @@ class ServeRetrieverClient:
     def __init__(self, handle: DeploymentHandle, timeout_s: float = 60.0):
         self.handle, self.timeout_s = handle, timeout_s
         self.retries = 0  # calls retried by this client (back-pressure, dead replicas, time-outs)
+        self._num_passages: int | None = None
 
     def _call(self, method: str, *args: Any) -> Any:
         deadline, delay = time.monotonic() + self.timeout_s, 0.02
@@ -327,6 +350,14 @@ class ServeRetrieverClient:
         if isinstance(p, dict):
             raise UnknownDocument(p["error"])
         return p
+
+    def num_passages(self) -> int:
+        if self._num_passages is None:
+            self._num_passages = int(self.stats()["num_docs"])
+        return self._num_passages
+
+    def hit_at(self, row: int) -> Hit:
+        return self._call("hit_at", row)
 
     def stats(self) -> dict[str, float]:
         """Counters of the replica that answers this call (see RetrieverDeployment.stats)."""

@@ -235,3 +235,17 @@ class Retriever:
                 if row is not None:
                     return shard.store.passage(row)
         raise UnknownDocument(f"unknown document id {doc_id!r}; open takes an id returned by search")
+
+    # ------------------------------------------------ random access (env.retrieval_noise draws rows)
+
+    def num_passages(self) -> int:
+        """Passages :meth:`hit_at` reaches: those of the loaded shards, numbered in shard order."""
+        return len(self)
+
+    def hit_at(self, row: int) -> Hit:
+        """Passage ``row`` (of :meth:`num_passages`) rendered as a search hit (score 0)."""
+        for shard in self.shards:
+            if 0 <= row < len(shard.store):
+                return self._hit(shard.store, row, 0.0)
+            row -= len(shard.store)
+        raise IndexError(f"passage row out of range 0..{len(self) - 1}")

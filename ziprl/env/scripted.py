@@ -24,11 +24,9 @@ def relevance_level(question: str, answers: list[str], text: str) -> int:
     return 3 if overlap >= 3 else 2 if overlap >= 1 else 1
 
 
-def extractive_note(question: str, answers: list[str], text: str, low: int, high: int) -> str:
-    """Sentences of ``text`` ranked by relevance (answer, then question keywords), kept in order, within high."""
+def rank_sentences(question: str, answers: list[str], text: str) -> tuple[list[str], list[int]]:
+    """The sentences of ``text`` and their indices by relevance: answer-bearing first, then question keywords."""
     sents = sentences(text.replace("\n", " "))
-    if not sents:
-        return text[:high]
     qk = extract_keywords(question)
     norm_answers = [normalize_answer(a) for a in answers if a]
 
@@ -36,14 +34,27 @@ def extractive_note(question: str, answers: list[str], text: str, low: int, high
         s = normalize_answer(sents[i])
         return (-int(any(a in s for a in norm_answers)), -len(qk & extract_keywords(sents[i])), i)
 
+    return sents, sorted(range(len(sents)), key=key)
+
+
+def select_sentences(sents: list[str], order: list[int], low: int, high: int) -> str:
+    """Take sentences in ``order`` until ``low`` is reached, skipping any that would pass ``high``; text order."""
     chosen, used = [], 0
-    for i in sorted(range(len(sents)), key=key):
+    for i in order:
         if used >= low and used + len(sents[i]) + 1 > high:
             break
         if used + len(sents[i]) + 1 <= high:
             chosen.append(i)
             used += len(sents[i]) + 1
     return " ".join(sents[i] for i in sorted(chosen))
+
+
+def extractive_note(question: str, answers: list[str], text: str, low: int, high: int) -> str:
+    """Sentences of ``text`` ranked by relevance (answer, then question keywords), kept in order, within high."""
+    sents, order = rank_sentences(question, answers, text)
+    if not sents:
+        return text[:high]
+    return select_sentences(sents, order, low, high)
 
 
 class ScriptedTeacher:

@@ -10,6 +10,7 @@ import gymnasium as gym
 
 from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, _from_dict, check_top_k
 from ziprl.env.context import ContextState, Observation
+from ziprl.env.noise import check_noise_retriever, inject_noise, noise_rng
 from ziprl.env.prompts import system_prompt
 from ziprl.env.protocol import ParsedTurn, format_hits, format_passage, parse_turn, scrub, unescape
 from ziprl.env.types import QAExample, RetrieverLike
@@ -82,6 +83,8 @@ class SearchCompressEnv(gym.Env):
         self.turn = 0
         self._done = True
         self._last_obs = ""
+        self._noise = None  # the episode's noise stream (env.retrieval_noise), spawned at reset
+        self._retrieved: tuple[int, list[str]] = (0, [])  # this turn: passages retrieved, ids of injected ones
 
     @property
     def retriever(self) -> RetrieverLike:
@@ -101,6 +104,9 @@ class SearchCompressEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        self._noise = noise_rng(self.np_random.bit_generator.seed_seq)
+        if self.config.retrieval_noise > 0:
+            check_noise_retriever(self.retriever)
         options = options or {}
         if "example" in options:
             self.example = _as_example(options["example"])
@@ -147,13 +153,16 @@ class SearchCompressEnv(gym.Env):
             return None, None, (em if c.reward == "em" else f1), {"em": em, "f1": f1}
         try:
             if parsed.action == "search":
-                hits = self.retriever.search([arg], c.top_k)[0]
+                hits, injected = inject_noise(self.retriever.search([arg], c.top_k)[0], c.retrieval_noise,
+                                              self.retriever, self._noise)
+                self._retrieved = (len(hits), injected)
                 text = format_hits(hits)
                 return Observation(self.turn, f'search "{arg[:200]}"', text), None, 0.0, {}
             try:
                 p = self.retriever.open(arg)
             except KeyError:
                 p = self.retriever.open(parsed.argument)  # the id as written, if it holds '&'
+            self._retrieved = (1, [])  # open is not noised: an id always opens its own passage
             return Observation(self.turn, f"open {arg[:200]}", format_passage(p, c.open_max_chars)), None, 0.0, {}
         except KeyError:
             return None, f"no document with id {arg[:200]!r}; open an id shown in search results", 0.0, {}
@@ -166,6 +175,7 @@ class SearchCompressEnv(gym.Env):
         c, ctx = self.config, self.context
         self.turn += 1
         action = scrub(action) if isinstance(action, str) else action  # lone surrogates never reach a tokenizer
+        self._retrieved = (0, [])
         parsed = parse_turn(action, c.max_response_chars)
         if parsed.error is None and c.strategy in COMPRESSING and parsed.compression is None:
             parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')
@@ -200,6 +210,9 @@ class SearchCompressEnv(gym.Env):
             "tool_error": tool_error,
             "observation_chars": observation_chars,
             "context_chars": len(self._last_obs),
+            "retrieved": self._retrieved[0],
+            "noisy_hits": len(self._retrieved[1]),
+            "noise_doc_ids": self._retrieved[1],
             "messages": messages,
             **metrics,
         }

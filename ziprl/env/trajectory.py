@@ -30,6 +30,9 @@ class Turn:
     context_chars: int = 0  # size of the prompt's text context
     prompt_tokens: int = 0
     response_tokens: int = 0
+    retrieved: int = 0  # passages in the observation this turn's action returned (k for search, 1 for open)
+    noisy_hits: int = 0  # how many of them env.retrieval_noise replaced by random corpus passages
+    noise_doc_ids: list[str] = field(default_factory=list)  # the injected passages' ids
 
 
 @dataclass
@@ -53,43 +56,48 @@ class Trajectory:
         return sum(len(t.response_ids) for t in self.turns)
 
 
-_TURN_TYPE = pa.struct(
-    [
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("response_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),
-        ("response_text", pa.string()),
-        ("action", pa.string()),
-        ("level", pa.int8()),
-        ("q_com", pa.float64()),
-        ("q_ratio", pa.float64()),
-        ("q_level", pa.float64()),
-        ("q_info", pa.float64()),
-        ("q_sem", pa.float64()),
-        ("format_error", pa.string()),
-        ("observation_chars", pa.int64()),
-        ("context_chars", pa.int64()),
-        ("prompt_tokens", pa.int64()),
-        ("response_tokens", pa.int64()),
-    ]
-)
+_TURN_FIELDS_V1 = [
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("logprobs", pa.list_(pa.float32())),
+    ("response_text", pa.string()),
+    ("action", pa.string()),
+    ("level", pa.int8()),
+    ("q_com", pa.float64()),
+    ("q_ratio", pa.float64()),
+    ("q_level", pa.float64()),
+    ("q_info", pa.float64()),
+    ("q_sem", pa.float64()),
+    ("format_error", pa.string()),
+    ("observation_chars", pa.int64()),
+    ("context_chars", pa.int64()),
+    ("prompt_tokens", pa.int64()),
+    ("response_tokens", pa.int64()),
+]
+_NOISE_FIELDS = [("retrieved", pa.int64()), ("noisy_hits", pa.int64()), ("noise_doc_ids", pa.list_(pa.string()))]
 
-SCHEMA = pa.schema(
-    [
-        ("question_id", pa.string()),
-        ("question", pa.string()),
-        ("answers", pa.list_(pa.string())),
-        ("group_id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("policy_version", pa.int64()),
-        ("reward", pa.float64()),
-        ("em", pa.float64()),
-        ("f1", pa.float64()),
-        ("finished", pa.bool_()),
-        ("strategy", pa.string()),
-        ("turns", pa.list_(_TURN_TYPE)),
-    ]
-)
+
+def _schema(turn_fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    return pa.schema(
+        [
+            ("question_id", pa.string()),
+            ("question", pa.string()),
+            ("answers", pa.list_(pa.string())),
+            ("group_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("policy_version", pa.int64()),
+            ("reward", pa.float64()),
+            ("em", pa.float64()),
+            ("f1", pa.float64()),
+            ("finished", pa.bool_()),
+            ("strategy", pa.string()),
+            ("turns", pa.list_(pa.struct(turn_fields))),
+        ]
+    )
+
+
+SCHEMA = _schema(_TURN_FIELDS_V1 + _NOISE_FIELDS)
+LEGACY_SCHEMAS = (_schema(_TURN_FIELDS_V1),)  # files written before the noise fields: they load with defaults
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:
@@ -119,6 +127,6 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
     if not path.is_file():
         raise FileNotFoundError(f"trajectory file {path} does not exist")
     table = pq.read_table(path)
-    if not table.schema.equals(SCHEMA, check_metadata=False):
+    if not any(table.schema.equals(s, check_metadata=False) for s in (SCHEMA, *LEGACY_SCHEMAS)):
         raise ValueError(f"{path} is not a ZipRL trajectory file (schema differs: {table.schema.names})")
     return from_table(table)

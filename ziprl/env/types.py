@@ -44,3 +44,7 @@ class RetrieverLike(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
 
     def open(self, doc_id: str) -> Passage: ...
+
+    def num_passages(self) -> int: ...  # corpus size (for env.retrieval_noise)
+
+    def hit_at(self, row: int) -> Hit: ...  # passage ``row`` (0..num_passages-1) rendered as search renders it

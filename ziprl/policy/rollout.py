@@ -61,7 +61,8 @@ def rollout(
                     q_ratio=info["q_ratio"], q_level=info["q_level"], q_info=info["q_info"], q_sem=info["q_sem"],
                     format_error=info["format_error"], observation_chars=info["observation_chars"],
                     context_chars=infos[i]["context_chars"], prompt_tokens=len(gen.prompt_ids),
-                    response_tokens=len(gen.token_ids)))
+                    response_tokens=len(gen.token_ids), retrieved=info["retrieved"], noisy_hits=info["noisy_hits"],
+                    noise_doc_ids=list(info["noise_doc_ids"])))
                 infos[i] = info
                 if terminated or truncated:
                     tr = trajs[i]

@@ -1,0 +1,102 @@
+"""The paper's noisy-retrieval experiment: ``python -m ziprl.eval --noise 0,0.25,0.5,0.75,1.0``.
+
+For each noise level p (``env.retrieval_noise``) and each strategy, the same questions are rolled out with the
+same seeds; only the retrieved passages differ. Writes ``noise.json``, ``noise.md``, ``noise.png`` and one
+trajectory file per cell (``noise_<p>/trajectories_<strategy>.parquet``) under ``--out``; the table and plot
+are rewritten after every cell, so an interrupted sweep leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ziprl.config import ConfigError, ZipRLConfig
+from ziprl.env.trajectory import Trajectory, save_trajectories
+
+CURVE = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tok/trajectory"),
+         ("turns", "turns"), ("searches", "searches/q"), ("injected_frac", "injected hits")]
+
+
+def parse_noise_levels(text: str) -> list[float]:
+    """``"0,0.25,1"`` -> [0.0, 0.25, 1.0]; ConfigError for anything that is not a probability."""
+    try:
+        levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--noise takes comma-separated probabilities such as 0,0.25,0.5, got {text!r}") from None
+    bad = [p for p in levels if not 0.0 <= p <= 1.0]
+    if not levels or bad:
+        raise ConfigError(f"--noise levels must be probabilities in [0, 1], got {text!r}")
+    return sorted(set(levels))
+
+
+def injected_fraction(trajs: list[Trajectory]) -> float:
+    """Share of searched passages that the noise replaced (the measured p)."""
+    turns = [t for tr in trajs for t in tr.turns if t.action == "search"]
+    retrieved = sum(t.retrieved for t in turns)
+    return sum(t.noisy_hits for t in turns) / retrieved if retrieved else 0.0
+
+
+def mean_level(stats: dict[str, float]) -> float:
+    """Mean chosen level from the level distribution (0 when no level was chosen)."""
+    return sum(g * stats[f"level_{g}_frac"] for g in range(1, 6))
+
+
+def markdown_table(dataset: str, rows: dict[str, dict[str, dict[str, float]]]) -> str:
+    head = "| strategy | noise | " + " | ".join(c[1] for c in CURVE) + " | levels 1-5 |"
+    lines = [f"Dataset: `{dataset}`", "", head, "|---" * (len(CURVE) + 3) + "|"]
+    for strategy, by_p in rows.items():
+        for p, s in by_p.items():
+            levels = "/".join(f"{s[f'level_{g}_frac']:.2f}" for g in range(1, 6))
+            lines.append(f"| {strategy} | {p} | " + " | ".join(f"{s[k]:.3g}" for k, _ in CURVE) + f" | {levels} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> Path:
+    """One panel per metric against noise, a line per strategy."""
+    from ziprl.plots import _plt
+
+    plt = _plt()
+    panels = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tokens / trajectory"),
+              ("searches", "searches / question"), ("mean_level", "mean chosen level")]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
+        for strategy, by_p in rows.items():
+            xs = [float(p) for p in by_p]
+            ax.plot(xs, [s[key] for s in by_p.values()], marker="o", label=strategy)
+        ax.set_xlabel("retrieval noise p")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], out: Path,
+                progress: bool = True) -> dict[str, dict[str, dict[str, float]]]:
+    """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories."""
+    from ziprl.eval import load_eval_setup, run_strategy
+
+    setup = load_eval_setup(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}
+    for strategy in strategies:  # a whole curve per strategy first: an interrupted sweep leaves full curves
+        for p in levels:
+            cfg_p = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, retrieval_noise=p))
+            stats, trajs = run_strategy(cfg_p, strategy, setup, progress)
+            stats["injected_frac"], stats["mean_level"] = injected_fraction(trajs), mean_level(stats)
+            rows[strategy][f"{p:g}"] = stats
+            save_trajectories(trajs, out / f"noise_{p:g}" / f"trajectories_{strategy}.parquet")
+            print(f"[eval] noise={p:g} {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} Q_com={stats['q_com']:.3f} "
+                  f"injected={stats['injected_frac']:.2f} ({stats['seconds']:.0f}s)", flush=True)
+            report = {"dataset": cfg.data.dataset, "questions": len(setup[0]), "noise_levels": levels,
+                      "config": cfg.to_dict(), "results": rows}
+            (out / "noise.json").write_text(json.dumps(report, indent=2) + "\n")
+            (out / "noise.md").write_text(markdown_table(cfg.data.dataset, rows))
+            plot_noise({s: r for s, r in rows.items() if r}, out / "noise.png",
+                       f"Noisy retrieval ({cfg.data.dataset}, {len(setup[0])} questions)")
+    return rows
