@@ -43,7 +43,8 @@ def _sha256(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
-def _assets() -> tuple[str, str]:
+def assets() -> tuple[str, str]:
+    """The client script and style sheet, inlined into every page."""
     return (HERE / "static" / "viewer.js").read_text(), (HERE / "static" / "viewer.css").read_text()
 
 
@@ -61,7 +62,7 @@ def _safe_stats(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render_page(run: Run, static: bool) -> str:
     """The whole page: static pages embed every episode; served pages fetch episodes from /api/episode/<id>."""
-    js, css = _assets()
+    js, css = assets()
     stats = _safe_stats(step_stats(run))
     episodes = {str(i): episode(run, i) for i in range(run.num_episodes)} if static else None
     return _env().get_template("page.html.j2").render(

@@ -7,7 +7,7 @@ import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ziprl.view.data import Run, episode
-from ziprl.view.page import render_page
+from ziprl.view.page import assets, content_security_policy, render_page
 
 _EPISODE_RE = re.compile(r"/api/episode/(\d+)")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -16,10 +16,12 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265) -> ThreadingHTTPServer:
     """A threaded HTTP server over ``run`` (call ``serve_forever``; ``server_address`` has the bound port)."""
     page = render_page(run, static=False).encode()
+    csp = content_security_policy(*assets(), served=True)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
+            self.send_header("Content-Security-Policy", csp)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("X-Content-Type-Options", "nosniff")
