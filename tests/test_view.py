@@ -203,3 +203,16 @@ def test_tokenizer_decodes_prompts_into_memory_and_observation(tmp_path, default
     assert "plan" in t2["memory"]
     save_trajectories([trajectory(0)], tmp_path / "garbage.parquet")  # prompt ids [1, 2, 3]: not this tokenizer's prompts
     assert make_decoder(str(default_model_dir), load_run(tmp_path / "garbage.parquet")) is None
+
+
+def test_chart_geometry():
+    from ziprl.view.charts import HEIGHT, PAD, level_bars, line_chart
+
+    stats = [{"label": "step 1", "step": 1, "reward": 0.0, "q_com": None, "levels": [1.0, 0, 0, 0, 0]},
+             {"label": "step 2", "step": 2, "reward": 1.0, "q_com": 0.5, "levels": [0.5, 0, 0, 0, 0.5]}]
+    reward, q_com = line_chart(stats)["series"]
+    assert [d["y"] for d in reward["dots"]] == [HEIGHT - PAD, PAD]  # 0 at the bottom, 1 at the top
+    assert len(q_com["dots"]) == 1 and q_com["dots"][0]["y"] == (HEIGHT - PAD + PAD) / 2  # no point where None
+    first, second = level_bars(stats)["bars"]
+    assert [r["h"] for r in first] == [HEIGHT - 2 * PAD]
+    assert [r["color"] for r in second] == ["#1b9e77", "#7570b3"] and sum(r["h"] for r in second) == HEIGHT - 2 * PAD

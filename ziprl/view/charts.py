@@ -7,11 +7,11 @@ from typing import Any
 
 LEVEL_COLORS = ("#1b9e77", "#66a61e", "#e6ab02", "#d95f02", "#7570b3")
 SERIES_COLORS = {"reward": "#1f77b4", "Q_com": "#d62728"}
-WIDTH, HEIGHT, PAD = 560, 200, 36
+WIDTH, HEIGHT, PAD, LEGEND = 640, 200, 36, 80  # LEGEND: room right of the plot for the legend
 
 
 def _x(i: int, n: int) -> float:
-    return PAD + (WIDTH - 2 * PAD) * (i / (n - 1) if n > 1 else 0.5)
+    return PAD + (WIDTH - 2 * PAD - LEGEND) * (i / (n - 1) if n > 1 else 0.5)
 
 
 def _y(v: float) -> float:
@@ -27,7 +27,8 @@ def line_chart(stats: list[dict[str, Any]]) -> dict[str, Any]:
         series.append({"name": name, "color": SERIES_COLORS[name], "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in pts),
                        "dots": [{"x": round(x, 1), "y": round(y, 1)} for x, y in pts]})
     return {"width": WIDTH, "height": HEIGHT, "series": series, "x_labels": _x_labels(stats, lambda i: _x(i, n)),
-            "y_ticks": [{"y": round(_y(v), 1), "label": f"{v:.1f}"} for v in (0.0, 0.5, 1.0)], "pad": PAD}
+            "y_ticks": [{"y": round(_y(v), 1), "label": f"{v:.1f}"} for v in (0.0, 0.5, 1.0)], "pad": PAD,
+            "right": WIDTH - PAD - LEGEND}
 
 
 def _x_labels(stats: list[dict[str, Any]], x_of: Callable[[int], float], most: int = 8) -> list[dict[str, Any]]:
@@ -41,7 +42,7 @@ def _x_labels(stats: list[dict[str, Any]], x_of: Callable[[int], float], most: i
 def level_bars(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """Stacked bars: the fraction of turns at each compression level, one bar per file."""
     n = len(stats)
-    slot = (WIDTH - 2 * PAD) / max(n, 1)
+    slot = (WIDTH - 2 * PAD - LEGEND) / max(n, 1)
     bars = []
     for i, s in enumerate(stats):
         x, base, rects = PAD + i * slot + slot * 0.1, 0.0, []
@@ -53,5 +54,5 @@ def level_bars(stats: list[dict[str, Any]]) -> dict[str, Any]:
             base += frac
         bars.append(rects)
     labels = _x_labels(stats, lambda i: PAD + (i + 0.5) * slot)
-    return {"width": WIDTH, "height": HEIGHT, "bars": bars, "x_labels": labels, "pad": PAD,
+    return {"width": WIDTH, "height": HEIGHT, "bars": bars, "x_labels": labels, "pad": PAD, "right": WIDTH - PAD - LEGEND,
             "legend": [{"label": f"level {g + 1}", "color": c} for g, c in enumerate(LEVEL_COLORS)]}

@@ -128,14 +128,15 @@
       return [h("span", {}, name), h("div", { class: "bar" + (cls ? " " + cls : "") }, inner), h("span", { class: "num" }, fmt(v))];
     }));
   }
-  function memoryBlock(t) {
+  function memoryBlock(t, strategy) {
     if (t.memory) return longText("Context: memory notes the model saw", t.memory, false);
+    if (strategy === "react") return h("div", { class: "muted" }, "Context: the full history so far (react keeps every raw observation)");
     const notes = t.memory_before || [];
     if (!notes.length) return h("div", { class: "muted" }, "Context: memory empty");
     return h("details", {}, h("summary", {}, `Context: ${notes.length} memory note(s) from earlier turns`),
       notes.map((n) => h("div", { class: "note" }, h("span", { class: "muted" }, `[turn ${n.turn}, level ${fmt(n.level)}] `), n.text)));
   }
-  function renderTurn(t, next) {
+  function renderTurn(t, next, strategy) {
     const action = t.action || "invalid";
     const tokens = `prompt ${fmt(t.prompt_tokens)} tok · response ${fmt(t.response_tokens)} tok · observation ${fmt(t.observation_chars)} chars · context ${fmt(t.context_chars)} chars`;
     const extra = Object.entries(t.extra || {}).filter(([, v]) => v !== null && v !== undefined);
@@ -145,7 +146,7 @@
         h("span", { class: "meta" }, tokens)),
       t.format_error ? h("div", { class: "format-error" }, "Format error: " + t.format_error) : null,
       t.notice ? h("div", { class: "notice" }, "Notice shown: " + t.notice) : null,
-      memoryBlock(t),
+      memoryBlock(t, strategy),
       t.observation !== undefined && t.observation !== null
         ? longText("Raw observation" + (t.observation_label ? " · " + t.observation_label : ""), t.observation, false)
         : (t.observation_chars ? h("div", { class: "muted" }, `Raw observation: ${t.observation_chars} chars (not decoded)`) : null),
@@ -166,7 +167,7 @@
     const more = h("div", { class: "more" });
     function showUpTo(n) {
       const upto = Math.min(turns.length, n);
-      for (; shown < upto; shown++) list.append(renderTurn(turns[shown], turns[shown + 1]));
+      for (; shown < upto; shown++) list.append(renderTurn(turns[shown], turns[shown + 1], ep.strategy));
       more.replaceChildren(shown < turns.length
         ? h("button", { onclick: () => showUpTo(shown + CHUNK) }, `show ${Math.min(CHUNK, turns.length - shown)} more turns (${turns.length - shown} left)`)
         : "");
