@@ -83,11 +83,13 @@ def test_reads_files_with_missing_and_extra_fields(tmp_path):
                         ("reward", pa.float64()), ("turns", pa.list_(turn)), ("new_top_level", pa.string())])
     rows = [{"question_id": "a", "question": "Q?", "answers": ["x"], "reward": 1.0, "new_top_level": "z",
              "turns": [{"response_text": '<compress level="2">n</compress><answer>x</answer>', "action": "answer",
-                        "level": 2, "q_com": 0.5, "noise_hits": 3}]}]
+                        "level": 2, "q_com": 0.5, "noise_hits": 3}]},
+            {"question_id": "b", "question": "Q2?", "answers": [], "reward": float("nan"), "turns": []}]
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "old.parquet")
     run = load_run(tmp_path / "old.parquet")
     row = _row(build_index(run), 0)
     assert (row["answer"], row["em"], row["strategy"], row["errors"], row["source"]) == ("x", 0.0, "", 0, "old")
+    assert 'id="ziprl-episodes"' in render_page(run, static=True)
     t = episode(run, 0)["turns"][0]
     assert t["extra"] == {"noise_hits": 3} and t["q_sem"] is None and t["format_error"] is None
     assert step_stats(run)[0]["q_com"] == 0.5

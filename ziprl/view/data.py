@@ -124,6 +124,12 @@ def final_answer(response_text: str) -> str:
     return unescape(parsed.argument) if parsed.action == "answer" else ""
 
 
+def _per_episode(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum of a flattened per-turn array over each episode's turns (episodes without turns get 0)."""
+    csum = np.concatenate([[0], np.cumsum(values.astype(np.int64))])
+    return csum[offsets[1:]] - csum[offsets[:-1]]
+
+
 def _source_index(s: Source) -> list[list[Any]]:
     t = s.table
     turns = t.column("turns").combine_chunks()
@@ -137,8 +143,7 @@ def _source_index(s: Source) -> list[list[Any]]:
     err = np.asarray(pc.is_valid(errors)) if errors is not None else np.zeros(int(offsets[-1]), bool)
     tok = _turn_field(turns, "response_tokens")
     tok = np.asarray(tok.fill_null(0)) if tok is not None else np.zeros(int(offsets[-1]), np.int64)
-    err_counts = np.add.reduceat(err.astype(np.int64), offsets[:-1]) if len(err) else np.zeros(t.num_rows, np.int64)
-    tok_counts = np.add.reduceat(tok.astype(np.int64), offsets[:-1]) if len(tok) else np.zeros(t.num_rows, np.int64)
+    err_counts, tok_counts = _per_episode(err, offsets), _per_episode(tok, offsets)
     cols = {name: _column(t, name, d) for name, d in [
         ("question_id", ""), ("question", ""), ("answers", []), ("reward", 0.0), ("em", 0.0), ("f1", 0.0),
         ("strategy", ""), ("policy_version", 0), ("finished", False)]}
@@ -149,8 +154,7 @@ def _source_index(s: Source) -> list[list[Any]]:
         rows.append([s.first_id + i, cols["question_id"][i], cols["question"][i], " | ".join(cols["answers"][i]), answer,
                      round(float(cols["reward"][i]), 4), round(float(cols["em"][i]), 4), round(float(cols["f1"][i]), 4),
                      int(n_turns[i]), cols["strategy"][i], int(cols["policy_version"][i]), s.step,
-                     bool(cols["finished"][i]), int(err_counts[i]) if hi > lo else 0, s.label,
-                     int(tok_counts[i]) if hi > lo else 0])
+                     bool(cols["finished"][i]), int(err_counts[i]), s.label, int(tok_counts[i])])
     return rows
 
 

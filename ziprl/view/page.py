@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,20 @@ HERE = Path(__file__).parent
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities replaced by None (JSON has neither), recursively."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def script_json(obj: Any) -> Markup:
     """JSON that is safe inside a <script> element: no '<', '>', '&' (so no '</script>') and no U+2028/2029."""
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return Markup("".join(_JSON_ESCAPES.get(c, c) for c in text))
 
 
@@ -55,15 +67,10 @@ def content_security_policy(js: str, css: str, served: bool) -> str:
             "img-src 'none'; base-uri 'none'; form-action 'none'")
 
 
-def _safe_stats(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stats with NaN replaced by None (JSON has no NaN)."""
-    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in s.items()} for s in stats]
-
-
 def render_page(run: Run, static: bool) -> str:
     """The whole page: static pages embed every episode; served pages fetch episodes from /api/episode/<id>."""
     js, css = assets()
-    stats = _safe_stats(step_stats(run))
+    stats = finite(step_stats(run))
     episodes = {str(i): episode(run, i) for i in range(run.num_episodes)} if static else None
     return _env().get_template("page.html.j2").render(
         title=f"ZipRL trajectories: {run.name}", run_name=run.name, index=build_index(run), episodes=episodes,

@@ -7,7 +7,7 @@ import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ziprl.view.data import Run, episode
-from ziprl.view.page import assets, content_security_policy, render_page
+from ziprl.view.page import assets, content_security_policy, finite, render_page
 
 _EPISODE_RE = re.compile(r"/api/episode/(\d+)")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -40,7 +40,7 @@ def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265) -> Threadin
                 self._send(200, page, "text/html; charset=utf-8")
             elif m := _EPISODE_RE.fullmatch(path):
                 try:
-                    body = json.dumps(episode(run, int(m.group(1))), allow_nan=False).encode()
+                    body = json.dumps(finite(episode(run, int(m.group(1)))), allow_nan=False).encode()
                 except KeyError as exc:
                     self._send(404, json.dumps({"error": str(exc)}).encode(), "application/json")
                     return
