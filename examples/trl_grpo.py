@@ -50,7 +50,8 @@ def main() -> None:
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
         num_generations=args.generations, learning_rate=args.lr, temperature=1.0, beta=0.0,
         max_completion_length=args.max_turns * (args.max_new_tokens + 512), logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=not _cuda(), reward_weights=[1.0, args.q_com_weight],
+        report_to="none", use_cpu=not _cuda(), bf16=_cuda(),  # bf16 autocast is slow on CPUs
+        reward_weights=[1.0, args.q_com_weight],
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=load_tokenizer(model_dir),

@@ -77,7 +77,7 @@ def test_grpo_trainer_step_on_the_env(coin_policy, tmp_path, monkeypatch):
         [EXAMPLE], SamplingConfig(temperature=1.0, max_new_tokens=16), save_dir=tmp_path / "run")
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=8, max_steps=1,
                       learning_rate=1e-3, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
-                      max_completion_length=128, temperature=1.0, beta=0.0, seed=0)
+                      max_completion_length=128, temperature=1.0, beta=0.0, seed=0, bf16=False)
     rewards_seen = []
 
     def recorded_env_reward(completions, env_reward, **kwargs):
