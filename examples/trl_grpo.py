@@ -1,0 +1,73 @@
+"""Train a policy with TRL's GRPOTrainer on SearchCompressEnv (the shipped sample questions and index).
+
+TRL drives the training; ZipRL's env plays each episode inside TRL's ``rollout_func`` and its reward is
+the GRPO reward (optionally plus the episode's mean Q_com, ``--q-com-weight``). Trajectories are written
+under ``--out`` so ``python -m ziprl.view --out report.html <out>`` shows what the agent did.
+
+    python examples/trl_grpo.py --steps 3                      # the embedded SmolLM2-135M-Instruct, on CPU
+    python examples/trl_grpo.py --steps 50 --model /models/Qwen3-4B --generations 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from ziprl.config import ModelConfig, RetrieverConfig, SamplingConfig  # noqa: E402
+from ziprl.env.datasets import load_dataset  # noqa: E402
+from ziprl.env.retriever import Retriever  # noqa: E402
+from ziprl.env.search_env import SearchCompressEnv  # noqa: E402
+from ziprl.integrations.trl import SearchCompressRollout, env_reward, prompt_dataset, q_com_reward  # noqa: E402
+from ziprl.policy.models import load_tokenizer, resolve_model_path  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--model", default=None, help="local HF model directory (default: the embedded SmolLM2-135M)")
+    p.add_argument("--questions", type=int, default=8, help="sample questions to train on")
+    p.add_argument("--generations", type=int, default=4, help="episodes per question (the GRPO group)")
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--strategy", default="adaptive")
+    p.add_argument("--q-com-weight", type=float, default=0.0, help="weight of the mean-Q_com reward term")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--out", default="runs/trl_grpo")
+    args = p.parse_args()
+
+    model_dir = resolve_model_path(ModelConfig(path=args.model))
+    examples = load_dataset("sample", limit=args.questions)
+    retriever = Retriever.from_config(RetrieverConfig())
+    rollout = SearchCompressRollout(
+        lambda: SearchCompressEnv({"strategy": args.strategy, "max_turns": args.max_turns}, retriever=retriever),
+        examples, SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens), save_dir=args.out)
+    config = GRPOConfig(
+        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.generations,
+        num_generations=args.generations, learning_rate=args.lr, temperature=1.0, beta=0.0,
+        max_completion_length=args.max_turns * (args.max_new_tokens + 512), logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=not _cuda(), bf16=_cuda(),  # bf16 autocast is slow on CPUs
+        reward_weights=[1.0, args.q_com_weight],
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=load_tokenizer(model_dir),
+        reward_funcs=[env_reward, q_com_reward], args=config, train_dataset=prompt_dataset(examples),
+        rollout_func=rollout,
+    )
+    trainer.train()
+    print(f"env steps: {rollout.env_steps}; trajectories: {args.out}/trajectories "
+          f"(view: python -m ziprl.view {args.out})")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Write a small run for the viewer's README screenshot: the scripted teacher on the shipped sample.
+
+    python scripts/viewer_demo_run.py runs/viewer_demo && python -m ziprl.view runs/viewer_demo
+
+Three "training step" files (adaptive; the teacher answers wrong on a shrinking share of questions, and
+one turn per episode is malformed early on) and eval files for adaptive and react, with real prompt ids
+(SmolLM2's chat template), so the viewer decodes each turn's memory and raw observation.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ziprl.config import ModelConfig, RetrieverConfig
+from ziprl.env.datasets import load_dataset
+from ziprl.env.retriever import Retriever
+from ziprl.env.scripted import ScriptedTeacher
+from ziprl.env.search_env import SearchCompressEnv
+from ziprl.env.tokenized import encode_messages
+from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
+from ziprl.policy.models import load_tokenizer, resolve_model_path
+
+
+def play(env, tok, example, wrong: bool, malformed: bool, version: int) -> Trajectory:
+    teacher = ScriptedTeacher()
+    _, info = env.reset(options={"example": example})
+    traj = Trajectory(example.id, example.question, list(example.answers), policy_version=version,
+                      strategy=env.config.strategy)
+    while not env.done:
+        text = teacher.respond(env)
+        if wrong and "<answer>" in text:
+            text = text.split("<answer>")[0] + "<answer>unknown</answer>"
+        if malformed and env.turn == 1:
+            text = text.replace("</compress>", "")  # an unclosed tag: a format error
+        prompt, context_chars = encode_messages(tok, info["messages"]), info["context_chars"]
+        response = tok.encode(text, add_special_tokens=False)
+        _, reward, terminated, _, info = env.step(text)
+        traj.turns.append(Turn(prompt_ids=prompt, response_ids=response, logprobs=[0.0] * len(response),
+                               response_text=text, action=info["action"], level=info["level"], q_com=info["q_com"],
+                               q_ratio=info["q_ratio"], q_level=info["q_level"], q_info=info["q_info"],
+                               q_sem=info["q_sem"], format_error=info["format_error"],
+                               observation_chars=info["observation_chars"], context_chars=context_chars, prompt_tokens=len(prompt), response_tokens=len(response)))
+        traj.reward, traj.finished, traj.em, traj.f1 = reward, terminated, info.get("em", 0.0), info.get("f1", 0.0)
+    return traj
+
+
+def main(out: str) -> None:
+    out_dir = Path(out)
+    tok = load_tokenizer(resolve_model_path(ModelConfig()))
+    examples = load_dataset("sample", limit=8)
+    retriever = Retriever.from_config(RetrieverConfig())
+    for step in (1, 2, 3):
+        env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 8}, retriever=retriever)
+        trajs = [play(env, tok, ex, wrong=i % 4 < 3 - step, malformed=i % 3 == step % 3, version=step)
+                 for i, ex in enumerate(examples)]
+        save_trajectories(trajs, out_dir / "trajectories" / f"step_{step:06d}.parquet")
+    for strategy in ("adaptive", "react"):
+        env = SearchCompressEnv({"strategy": strategy, "max_turns": 8}, retriever=retriever)
+        save_trajectories([play(env, tok, ex, False, False, 3) for ex in examples],
+                          out_dir / f"trajectories_{strategy}.parquet")
+    print(f"wrote {out_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/viewer_demo")

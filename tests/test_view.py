@@ -1,0 +1,220 @@
+"""The trajectory viewer's data layer, page rendering, escaping and server (the browser test is test_view_browser.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html as html_lib
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.viewer_data import EVIL, trajectory, write_many, write_run
+from ziprl.env.protocol import unescape
+from ziprl.env.search_env import SearchCompressEnv
+from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
+from ziprl.view.__main__ import main
+from ziprl.view.data import INDEX_COLUMNS, build_index, episode, load_run, prompt_parts, step_stats
+from ziprl.view.page import render_page, script_json
+from ziprl.view.server import make_server
+from ziprl.view.tokens import make_decoder
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return write_run(tmp_path / "run", n=12, steps=3)
+
+
+def _row(index, episode_id):
+    return dict(zip(index["columns"], index["rows"][episode_id], strict=True))
+
+
+def test_index_covers_every_file_in_step_order(run_dir, tmp_path):
+    save_trajectories([trajectory(0)], run_dir / "trajectories" / "step_000010.parquet")
+    index = build_index(load_run(run_dir))
+    assert index["columns"] == list(INDEX_COLUMNS)
+    assert index["sources"] == ["step 1", "step 2", "step 3", "step 10", "eval adaptive", "eval react"]
+    assert len(index["rows"]) == 5 * 12 + 1
+    first = _row(index, 0)
+    assert (first["question"], first["gold"], first["answer"], first["turns"], first["errors"]) == (EVIL, "Paris", "Paris", 3, 1)
+    assert (first["step"], first["version"], first["source"], first["strategy"]) == (1, 1, "step 1", "adaptive")
+    assert (first["reward"], first["em"], first["f1"], first["finished"], first["tokens"]) == (1.0, 1.0, 0.5, True, 6)
+    assert _row(index, 1)["errors"] == 0 and _row(index, 1)["reward"] == 0.0
+    react = _row(index, 5 * 12 - 1)
+    assert (react["source"], react["step"], react["turns"]) == ("eval react", None, 5)
+    assert [_row(index, i)["id"] for i in range(len(index["rows"]))] == list(range(len(index["rows"])))
+
+
+def test_episode_turns_memory_and_errors(run_dir):
+    ep = episode(load_run(run_dir), 7)  # i = 7: turn 2 is malformed
+    assert (ep["qid"], ep["answer"], ep["gold"], ep["source"]) == ("q7", "Paris", ["Paris"], "step 1")
+    t1, t2, t3 = ep["turns"]
+    assert (t1["action"], t1["argument"], t1["note"], t1["note_level"], t1["q_com"]) == ("search", "query 0", "note 0 of episode 7", 1, None)
+    assert t2["format_error"].startswith("no action") and t2["argument"] is None and t2["q_com"] == 0.75
+    assert [n["turn"] for n in t2["memory_before"]] == [1]
+    assert [n["turn"] for n in t3["memory_before"]] == [1]  # the malformed turn's note never entered memory
+    assert t3["action"] == "answer" and t3["prompt_tokens"] == 702
+    with pytest.raises(KeyError, match="no episode 60"):
+        episode(load_run(run_dir), 60)
+
+
+def test_step_stats(run_dir):
+    stats = step_stats(load_run(run_dir))
+    assert [s["label"] for s in stats] == ["step 1", "step 2", "step 3", "eval adaptive", "eval react"]
+    assert stats[0]["reward"] == pytest.approx(4 / 12)  # i % 3 == 0 for 4 of 12
+    assert stats[0]["q_com"] == pytest.approx((0.75 + 0.25) / 2)  # turns 2 and 3 of each episode are scored
+    assert stats[0]["levels"] == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0, 0])
+    assert stats[4]["levels"] == pytest.approx([0.2] * 5)
+
+
+def test_reads_files_with_missing_and_extra_fields(tmp_path):
+    """Older/newer files: no em/f1/strategy columns, turns without q_sem/format_error, an extra per-turn field."""
+    turn = pa.struct([("response_text", pa.string()), ("action", pa.string()), ("level", pa.int8()),
+                      ("q_com", pa.float64()), ("noise_hits", pa.int64())])
+    schema = pa.schema([("question_id", pa.string()), ("question", pa.string()), ("answers", pa.list_(pa.string())),
+                        ("reward", pa.float64()), ("turns", pa.list_(turn)), ("new_top_level", pa.string())])
+    rows = [{"question_id": "a", "question": "Q?", "answers": ["x"], "reward": 1.0, "new_top_level": "z",
+             "turns": [{"response_text": '<compress level="2">n</compress><answer>x</answer>', "action": "answer",
+                        "level": 2, "q_com": 0.5, "noise_hits": 3}]},
+            {"question_id": "b", "question": "Q2?", "answers": [], "reward": float("nan"), "turns": []}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "old.parquet")
+    run = load_run(tmp_path / "old.parquet")
+    row = _row(build_index(run), 0)
+    assert (row["answer"], row["em"], row["strategy"], row["errors"], row["source"]) == ("x", 0.0, "", 0, "old")
+    assert 'id="ziprl-episodes"' in render_page(run, static=True)
+    t = episode(run, 0)["turns"][0]
+    assert t["extra"] == {"noise_hits": 3} and t["q_sem"] is None and t["format_error"] is None
+    assert step_stats(run)[0]["q_com"] == 0.5
+
+
+def test_bad_inputs_fail_clearly(tmp_path, capsys):
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="not a ZipRL trajectory file"):
+        load_run(tmp_path / "other.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no trajectory Parquet files"):
+        load_run(tmp_path / "empty")
+    assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "neither a trajectory Parquet file nor a run directory" in capsys.readouterr().err
+    assert main([str(tmp_path / "other.parquet"), "--port", "70000"]) == 2
+
+
+def test_prompt_parts_recover_what_the_env_showed(word_retriever):
+    """The memory, raw observation and notice parsed back out of a real env prompt (escaped text unescaped)."""
+    env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 4}, retriever=word_retriever,
+                            examples=[], )
+    env.reset(options={"example": {"question": "Who directed <Sinister> & more?", "answers": ["Scott Derrickson"]}})
+    env.step('<compress level="1">plan</compress><search>Scott Derrickson</search>')
+    _, _, _, _, info = env.step('<compress level="2">Derrickson <b>directs</b> horror</compress><open>d1</open>')
+    parts = prompt_parts("\n".join(m["content"] for m in info["messages"]))
+    assert parts["observation"] == f"[d1] Scott Derrickson\n{word_retriever.passages['d1'].text}"
+    assert parts["observation_label"] == "open d1"
+    assert "Derrickson <b>directs</b> horror" in parts["memory"] and "plan" in parts["memory"]
+    _, _, _, _, info = env.step("no tags at all")
+    assert prompt_parts(info["messages"][-1]["content"])["notice"].startswith("your last turn was not applied")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4), max_leaves=12))
+def test_script_json_is_inert_inside_a_script_tag(obj):
+    text = str(script_json(obj))
+    assert not set(text) & {"<", ">", "&", "\u2028", "\u2029"}
+    assert json.loads(text) == obj
+
+
+def test_static_page_escapes_everything(tmp_path):
+    run_dir = write_run(tmp_path / "<i>run&", n=3, steps=1)
+    html = render_page(load_run(run_dir), static=True)
+    assert html.count("<script") == 3  # the index, the episodes, the viewer code; no injected one
+    assert "<img" not in html and "<svg onload" not in html and 'href="javascript:' not in html
+    assert "<title>ZipRL trajectories: &lt;i&gt;run&amp;</title>" in html
+    assert "\u2028" not in html and "\u2029" not in html
+    assert "http://" not in html and "https://" not in html  # works offline: nothing external
+    csp = html_lib.unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html).group(1))
+    code = re.search(r"<script>(.*?)</script>", html, re.DOTALL).group(1)
+    digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}';" in csp and "connect-src 'none'" in csp
+    episodes = json.loads(re.search(r'<script type="application/json" id="ziprl-episodes">(.*?)</script>', html,
+                                    re.DOTALL).group(1))
+    assert episodes["0"]["question"] == EVIL and episodes["0"]["turns"][0]["note"] == unescape(EVIL)  # as the env reads notes
+
+
+def test_server_serves_page_and_episodes(run_dir):
+    server = make_server(load_run(run_dir), port=0)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(base + "/") as r:
+            assert r.status == 200 and "connect-src 'self'" in r.headers["Content-Security-Policy"]
+            assert 'id="ziprl-episodes"' not in r.read().decode()  # episodes are fetched one by one
+        with urllib.request.urlopen(base + "/api/episode/0") as r:
+            assert r.headers["Content-Type"] == "application/json" and json.load(r)["question"] == EVIL
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(base + "/api/episode/60")
+        rebinding = urllib.request.Request(base + "/", headers={"Host": f"attacker.example:{port}"})
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(rebinding)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_index_of_10000_episodes(tmp_path):
+    path = write_many(tmp_path / "big.parquet", 10_000)
+    run = load_run(path)
+    index = build_index(run)
+    assert len(index["rows"]) == 10_000 and _row(index, 9_999)["qid"] == "q9999"
+    assert len(render_page(run, static=False)) < 4_000_000  # the served page embeds the index only
+
+
+@pytest.mark.slow
+def test_tokenizer_decodes_prompts_into_memory_and_observation(tmp_path, default_model_dir, word_retriever):
+    """Real token ids (SmolLM2's chat template) decoded back into what each turn's prompt showed."""
+    from ziprl.env.tokenized import encode_messages
+    from ziprl.policy.models import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 4}, retriever=word_retriever, examples=[])
+    _, info = env.reset(options={"example": {"question": "Where does Scott Derrickson live?", "answers": ["Los Angeles"]}})
+    responses = ['<compress level="1">plan</compress><search>Scott Derrickson</search>',
+                 '<compress level="2">Derrickson lives in Los Angeles</compress><answer>Los Angeles</answer>']
+    traj = Trajectory("q", "Where does Scott Derrickson live?", ["Los Angeles"])
+    for text in responses:
+        prompt = encode_messages(tok, info["messages"])
+        _, _, _, _, info = env.step(text)
+        traj.turns.append(Turn(prompt_ids=prompt, response_text=text, action=info["action"]))
+    save_trajectories([traj], tmp_path / "t.parquet")
+    run = load_run(tmp_path / "t.parquet")
+    assert make_decoder("none", run) is None
+    run.decode = make_decoder(str(default_model_dir), run)
+    t1, t2 = episode(run, 0)["turns"]
+    assert t1["observation"] is None and "(empty)" in t1["memory"]
+    assert t2["observation"].startswith("[d1] Scott Derrickson\n") and t2["observation_label"] == 'search "Scott Derrickson"'
+    assert "plan" in t2["memory"]
+    save_trajectories([trajectory(0)], tmp_path / "garbage.parquet")  # prompt ids [1, 2, 3]: not this tokenizer's prompts
+    assert make_decoder(str(default_model_dir), load_run(tmp_path / "garbage.parquet")) is None
+
+
+def test_chart_geometry():
+    from ziprl.view.charts import HEIGHT, PAD, level_bars, line_chart
+
+    stats = [{"label": "step 1", "step": 1, "reward": 0.0, "q_com": None, "levels": [1.0, 0, 0, 0, 0]},
+             {"label": "step 2", "step": 2, "reward": 1.0, "q_com": 0.5, "levels": [0.5, 0, 0, 0, 0.5]}]
+    reward, q_com = line_chart(stats)["series"]
+    assert [d["y"] for d in reward["dots"]] == [HEIGHT - PAD, PAD]  # 0 at the bottom, 1 at the top
+    assert len(q_com["dots"]) == 1 and q_com["dots"][0]["y"] == (HEIGHT - PAD + PAD) / 2  # no point where None
+    first, second = level_bars(stats)["bars"]
+    assert [r["h"] for r in first] == [HEIGHT - 2 * PAD]
+    assert [r["color"] for r in second] == ["#1b9e77", "#7570b3"] and sum(r["h"] for r in second) == HEIGHT - 2 * PAD

@@ -1,0 +1,235 @@
+"""Load the trajectory Parquet files of a run: a compact episode index, one episode's turns, per-step stats.
+
+Reading is tolerant: columns and per-turn fields that a file lacks get defaults, extra ones are ignored,
+so files written by older or newer ZipRL versions still open.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ziprl.env.protocol import parse_turn, unescape
+
+INDEX_COLUMNS = ("id", "qid", "question", "gold", "answer", "reward", "em", "f1", "turns", "strategy", "version",
+                 "step", "finished", "errors", "source", "tokens")
+TEXT_LIMIT = 20_000  # characters of one decoded text shown per field (the rest is cut with a marker)
+_STEP_RE = re.compile(r"step_0*(\d+)")
+_OBS_RE = re.compile(r"OBSERVATION \(turn (\d+), ([^\n]*)\):\n<observation>\n(.*?)\n</observation>", re.DOTALL)
+_MEMORY_RE = re.compile(r"(Memory \([^\n]*\):\n.*?)\n\n(?:OBSERVATION|No observation yet)", re.DOTALL)
+_NOTICE_RE = re.compile(r"NOTICE: ([^\n]*)")
+
+
+@dataclass
+class Source:
+    """One trajectory file: its label (e.g. 'step 3' or 'eval adaptive'), training step (None for eval) and table."""
+
+    path: Path
+    label: str
+    step: int | None
+    table: pa.Table
+    first_id: int = 0  # global episode id of row 0
+
+
+@dataclass
+class Run:
+    """All trajectory files of a run, with a global episode id = position across the files in order."""
+
+    name: str
+    sources: list[Source] = field(default_factory=list)
+    decode: Callable[[list[int]], str] | None = None  # prompt ids -> text, when a tokenizer is available
+
+    @property
+    def num_episodes(self) -> int:
+        return sum(s.table.num_rows for s in self.sources)
+
+    def locate(self, episode_id: int) -> tuple[Source, int]:
+        """The file holding global episode ``episode_id`` and its row there."""
+        for s in self.sources:
+            if s.first_id <= episode_id < s.first_id + s.table.num_rows:
+                return s, episode_id - s.first_id
+        raise KeyError(f"no episode {episode_id} (the run has {self.num_episodes})")
+
+
+def find_files(path: Path) -> list[Path]:
+    """Trajectory files under a run directory (training steps in step order, then eval files), or the file itself."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a trajectory Parquet file nor a run directory")
+    steps = sorted((path / "trajectories").glob("step_*.parquet"), key=lambda p: _step_of(p) or 0)
+    files = steps + sorted(path.glob("trajectories_*.parquet"))
+    if not files:
+        files = sorted(path.rglob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no trajectory Parquet files under {path} (expected trajectories/step_*.parquet "
+                                "from train/launch or trajectories_<strategy>.parquet from eval)")
+    return files
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_RE.fullmatch(path.stem)
+    return int(m.group(1)) if m else None
+
+
+def _label(path: Path, step: int | None) -> str:
+    if step is not None:
+        return f"step {step}"
+    if path.stem.startswith("trajectories_"):
+        return f"eval {path.stem.removeprefix('trajectories_')}"
+    return path.stem
+
+
+def load_run(path: str | Path, decode: Callable[[list[int]], str] | None = None) -> Run:
+    """Open every trajectory file of a run (a directory) or one file."""
+    path = Path(path)
+    run = Run(name=path.name or str(path), decode=decode)
+    first = 0
+    for f in find_files(path):
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{f} is not a readable Parquet file: {exc}") from None
+        if "turns" not in table.column_names or "question" not in table.column_names:
+            raise ValueError(f"{f} is not a ZipRL trajectory file (columns: {table.column_names[:8]})")
+        step = _step_of(f)
+        run.sources.append(Source(f, _label(f, step), step, table, first))
+        first += table.num_rows
+    return run
+
+
+def _column(table: pa.Table, name: str, default: Any) -> list[Any]:
+    if name not in table.column_names:
+        return [default] * table.num_rows
+    return [default if v is None else v for v in table.column(name).to_pylist()]
+
+
+def _turn_field(turns: pa.ListArray, name: str) -> pa.Array | None:
+    """One per-turn field over all turns of all episodes (flattened), or None if the files lack it."""
+    values = turns.flatten()
+    return values.field(name) if name in {f.name for f in values.type} else None
+
+
+def final_answer(response_text: str) -> str:
+    """The argument of an <answer> turn ('' when the turn has none)."""
+    parsed = parse_turn(response_text or "")
+    return unescape(parsed.argument) if parsed.action == "answer" else ""
+
+
+def _per_episode(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum of a flattened per-turn array over each episode's turns (episodes without turns get 0)."""
+    csum = np.concatenate([[0], np.cumsum(values.astype(np.int64))])
+    return csum[offsets[1:]] - csum[offsets[:-1]]
+
+
+def _source_index(s: Source) -> list[list[Any]]:
+    t = s.table
+    turns = t.column("turns").combine_chunks()
+    offsets = np.asarray(turns.offsets)
+    n_turns = np.diff(offsets)
+    texts = _turn_field(turns, "response_text")
+    texts = texts.to_pylist() if texts is not None else [""] * int(offsets[-1])
+    actions = _turn_field(turns, "action")
+    actions = actions.to_pylist() if actions is not None else [""] * int(offsets[-1])
+    errors = _turn_field(turns, "format_error")
+    err = np.asarray(pc.is_valid(errors)) if errors is not None else np.zeros(int(offsets[-1]), bool)
+    tok = _turn_field(turns, "response_tokens")
+    tok = np.asarray(tok.fill_null(0)) if tok is not None else np.zeros(int(offsets[-1]), np.int64)
+    err_counts, tok_counts = _per_episode(err, offsets), _per_episode(tok, offsets)
+    cols = {name: _column(t, name, d) for name, d in [
+        ("question_id", ""), ("question", ""), ("answers", []), ("reward", 0.0), ("em", 0.0), ("f1", 0.0),
+        ("strategy", ""), ("policy_version", 0), ("finished", False)]}
+    rows = []
+    for i in range(t.num_rows):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        answer = final_answer(texts[hi - 1]) if hi > lo and actions[hi - 1] == "answer" else ""
+        rows.append([s.first_id + i, cols["question_id"][i], cols["question"][i], " | ".join(cols["answers"][i]), answer,
+                     round(float(cols["reward"][i]), 4), round(float(cols["em"][i]), 4), round(float(cols["f1"][i]), 4),
+                     int(n_turns[i]), cols["strategy"][i], int(cols["policy_version"][i]), s.step,
+                     bool(cols["finished"][i]), int(err_counts[i]), s.label, int(tok_counts[i])])
+    return rows
+
+
+def build_index(run: Run) -> dict[str, Any]:
+    """The episode list as compact JSON: ``{"columns": [...], "rows": [[...], ...], "sources": [...]}``."""
+    rows = [r for s in run.sources for r in _source_index(s)]
+    return {"columns": list(INDEX_COLUMNS), "rows": rows, "sources": [s.label for s in run.sources], "name": run.name}
+
+
+def _cut(text: str | None) -> str | None:
+    if text is None or len(text) <= TEXT_LIMIT:
+        return text
+    return text[:TEXT_LIMIT] + f"\n… [{len(text) - TEXT_LIMIT} more characters not shown]"
+
+
+def prompt_parts(prompt: str) -> dict[str, str | None]:
+    """What a decoded prompt showed the agent: memory notes, the pending raw observation, a notice."""
+    obs = list(_OBS_RE.finditer(prompt))
+    memory = _MEMORY_RE.search(prompt)
+    notice = _NOTICE_RE.search(prompt)
+    return {
+        "memory": unescape(memory.group(1)) if memory else None,
+        "observation": unescape(obs[-1].group(3)) if obs else None,
+        "observation_label": unescape(obs[-1].group(2)) if obs else None,
+        "notice": unescape(notice.group(1)) if notice else None,
+    }
+
+
+def episode(run: Run, episode_id: int) -> dict[str, Any]:
+    """One episode, turn by turn, with the notes kept so far and (with a tokenizer) what each prompt showed."""
+    s, row = run.locate(episode_id)
+    ep = s.table.slice(row, 1).to_pylist()[0]
+    turns_out, notes = [], []
+    for n, t in enumerate(ep.get("turns") or [], start=1):
+        text = t.get("response_text") or ""
+        parsed = parse_turn(text)
+        turn = {k: t.get(k) for k in ("action", "level", "q_com", "q_ratio", "q_level", "q_info", "q_sem",
+                                      "format_error", "observation_chars", "context_chars", "prompt_tokens",
+                                      "response_tokens")}
+        extra = {k: v for k, v in t.items() if k not in turn and k not in ("prompt_ids", "response_ids", "logprobs",
+                                                                              "response_text")}
+        turn.update(turn=n, response=_cut(text), argument=unescape(parsed.argument) if parsed.action else None,
+                    note=_cut(unescape(parsed.compression)) if parsed.compression else None,
+                    note_level=parsed.level, memory_before=[dict(m) for m in notes], extra=extra)
+        if run.decode is not None and t.get("prompt_ids"):
+            turn.update({k: _cut(v) for k, v in prompt_parts(run.decode(t["prompt_ids"])).items()})
+        if parsed.error is None and parsed.compression:
+            notes.append({"turn": n, "level": parsed.level, "text": _cut(unescape(parsed.compression))})
+        turns_out.append(turn)
+    answers = ep.get("answers") or []
+    last = (ep.get("turns") or [{}])[-1] if ep.get("turns") else {}
+    return {
+        "id": episode_id, "qid": ep.get("question_id", ""), "question": ep.get("question", ""), "gold": answers,
+        "answer": final_answer(last.get("response_text", "")) if last.get("action") == "answer" else "",
+        "reward": ep.get("reward", 0.0), "em": ep.get("em", 0.0), "f1": ep.get("f1", 0.0),
+        "finished": ep.get("finished", False), "strategy": ep.get("strategy", ""),
+        "version": ep.get("policy_version", 0), "step": s.step, "source": s.label,
+        "group": ep.get("group_id", ""), "sample": ep.get("sample_index", 0), "turns": turns_out,
+    }
+
+
+def step_stats(run: Run) -> list[dict[str, Any]]:
+    """Per file (training step or eval strategy): mean reward, mean Q_com and the level distribution of turns."""
+    out = []
+    for s in run.sources:
+        turns = s.table.column("turns").combine_chunks()
+        q = _turn_field(turns, "q_com")
+        lv = _turn_field(turns, "level")
+        q_vals = np.asarray(q.drop_null(), float) if q is not None else np.zeros(0)
+        levels = np.asarray(lv.drop_null(), int) if lv is not None else np.zeros(0, int)
+        counts = [int((levels == g).sum()) for g in range(1, 6)]
+        total = sum(counts)
+        rewards = np.asarray(_column(s.table, "reward", 0.0), float)
+        out.append({"label": s.label, "step": s.step, "episodes": s.table.num_rows,
+                    "reward": float(rewards.mean()) if len(rewards) else 0.0,
+                    "q_com": float(q_vals.mean()) if len(q_vals) else None,
+                    "levels": [c / total if total else 0.0 for c in counts]})
+    return out

@@ -1,0 +1,55 @@
+"""Decode prompt token ids for the viewer with a ``tokenizer.json`` (the ``tokenizers`` library; no torch)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ziprl.view.data import Run
+
+
+def default_tokenizer_dir() -> Path | None:
+    """The converted embedded policy's directory, if it is already in the cache (nothing is converted here)."""
+    from ziprl.config import ModelConfig
+    from ziprl.policy.models import DEFAULT_MODEL_NAME, cache_root
+
+    found = sorted((cache_root(ModelConfig()) / "models").glob(f"{DEFAULT_MODEL_NAME}-*/tokenizer.json"))
+    return found[0].parent if found else None
+
+
+def _first_prompt(run: Run) -> list[int] | None:
+    for s in run.sources:
+        for turns in s.table.column("turns").to_pylist()[:20]:
+            for t in turns or []:
+                if t.get("prompt_ids"):
+                    return t["prompt_ids"]
+    return None
+
+
+def make_decoder(spec: str | None, run: Run) -> Callable[[list[int]], str] | None:
+    """A prompt decoder from ``spec`` (a directory, 'none', or None for the cached default), or None.
+
+    A decoder whose output does not look like a ZipRL prompt (another model's tokenizer) is dropped with a note.
+    """
+    if spec == "none":
+        return None
+    path = Path(spec).expanduser() if spec else default_tokenizer_dir()
+    if path is None:
+        return None
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"--tokenizer {spec}: no tokenizer.json there (give a HF model/tokenizer directory)")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(file))
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=False)
+
+    sample = _first_prompt(run)
+    if sample is not None and "Question: " not in decode(sample):
+        print(f"[view] note: the tokenizer at {file.parent} does not decode these prompts (another model?); "
+              "pass --tokenizer DIR of the model that wrote them", file=sys.stderr)
+        return None
+    return decode
