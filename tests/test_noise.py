@@ -16,6 +16,7 @@ from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
 from ziprl.env.noise import inject_noise
+from ziprl.env.protocol import HIT_MARK
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.trajectory import LEGACY_SCHEMAS, Trajectory, Turn, load_trajectories, save_trajectories
 from ziprl.env.types import Hit, Passage, QAExample
@@ -25,7 +26,7 @@ FILLER = [Passage(f"f{i}", f"Filler {i}", f"Filler passage number {i} about topi
 EXAMPLES = [QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"],
                       ["Scott Derrickson", "Ed Wood"]),
             QAExample("q2", "What is the capital of France?", ["Paris"], ["Paris"])]
-IDS = re.compile(r"^\[([^\]\n]+)\] ", re.MULTILINE)
+IDS = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] ", re.MULTILINE)
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_noise_one_replaces_every_hit_with_another_passage(retriever):
         assert all(s != c for s, c in zip(shown, clean, strict=True))
         for doc_id in shown:  # rendered as search renders that passage: the agent cannot tell
             p = retriever.open(doc_id)
-            assert f"[{p.doc_id}] {p.title}\n{p.text[:200]}" in e.context.pending.text
+            assert f"{HIT_MARK} [{p.doc_id}] {p.title}\n{p.text[:200]}" in e.context.pending.text
     # open is not noised: an injected id opens its own passage
     _, _, _, _, info = e.step(f'<compress level="1">note</compress><open>{shown[0]}</open>')
     assert info["noisy_hits"] == 0 and retriever.open(shown[0]).text in e.context.pending.text
