@@ -27,7 +27,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
-from weight_sync import FixedWeightsLearner  # noqa: E402
+from weight_sync import FixedWeightsLearner, model_shapes  # noqa: E402
 
 from ziprl.actors.ray_utils import init_ray  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
@@ -39,20 +39,6 @@ BATCHES = (1, 16, 64)
 K = 5
 
 
-def smollm2_135m_shapes() -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of SmolLM2-135M (30 layers, d=576, 9 query / 3 KV heads, MLP 1536, tied embeddings)."""
-    d, kv, mlp, vocab = 576, 192, 1536, 49152
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
-    for i in range(30):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (d, d), p + "self_attn.k_proj.weight": (kv, d),
-                   p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, d),
-                   p + "mlp.gate_proj.weight": (mlp, d), p + "mlp.up_proj.weight": (mlp, d),
-                   p + "mlp.down_proj.weight": (d, mlp), p + "input_layernorm.weight": (d,),
-                   p + "post_attention_layernorm.weight": (d,)}
-    return shapes
-
-
 def state_dict_135m(real_model: bool) -> tuple[dict[str, np.ndarray], str]:
     """The real SmolLM2-135M float32 weights (``--real-model``) or random arrays of the same shapes."""
     if real_model:
@@ -62,7 +48,7 @@ def state_dict_135m(real_model: bool) -> tuple[dict[str, np.ndarray], str]:
         model = load_model(resolve_model_path(ModelConfig()))
         return {k: v.detach().numpy() for k, v in model.named_parameters()}, "SmolLM2-135M-Instruct"
     rng = np.random.default_rng(0)
-    return {k: rng.standard_normal(s, dtype=np.float32) for k, s in smollm2_135m_shapes().items()}, "random, SmolLM2-135M shapes"
+    return {k: rng.standard_normal(s, dtype=np.float32) for k, s in model_shapes("135M").items()}, "random, SmolLM2-135M shapes"
 
 
 def queries(n: int) -> list[str]:

@@ -38,7 +38,8 @@ from ziprl.config import ZipRLConfig  # noqa: E402
 
 # hidden, layers, MLP, KV width, vocab (Qwen2.5-0.5B / -1.5B shapes; a GPT-2-small-like 0.1B)
 SHAPES = {"0.1B": (768, 12, 2048, 256, 32000), "0.5B": (896, 24, 4864, 128, 151936),
-          "1.5B": (1536, 28, 8960, 256, 151936)}
+          "1.5B": (1536, 28, 8960, 256, 151936),
+          "135M": (576, 30, 1536, 192, 49152)}  # SmolLM2-135M (the embedded default; ray_system.py)
 
 
 def model_shapes(size: str) -> dict[str, tuple[int, ...]]:
