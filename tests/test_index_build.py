@@ -241,13 +241,13 @@ def test_cli_build_options_and_adopt(data, tmp_path, capsys):
     assert (m["shards"], m["factory"], m["train_size"]) == (2, "IVF8,PQ16x4,RFlat", 400)
     assert cli(["open", "--index", str(out), passages[450].doc_id]) == 0
     assert passages[450].text in capsys.readouterr().out
-    assert cli(["build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--index", "IVF8,Nope"]) == 1
+    assert cli(["build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--index", "IVF8,Nope"]) == 2
     assert "is not a FAISS factory string" in capsys.readouterr().err
     short = faiss.IndexFlatIP(DIM)
     short.add(x[:3])
     faiss.write_index(short, str(tmp_path / "s.faiss"))
     assert cli(["adopt", "--faiss", str(tmp_path / "s.faiss"), "--corpus", str(corpus), "--out", str(tmp_path / "a"),
-                "--no-progress"]) == 1
+                "--no-progress"]) == 2
     assert "holds 3 vectors" in capsys.readouterr().err
 
 

@@ -201,7 +201,7 @@ def test_tokenizer_decodes_prompts_into_memory_and_observation(tmp_path, default
     run.decode = make_decoder(str(default_model_dir), run)
     t1, t2 = episode(run, 0)["turns"]
     assert t1["observation"] is None and "(empty)" in t1["memory"]
-    assert t2["observation"].startswith("[d1] Scott Derrickson\n") and t2["observation_label"] == 'search "Scott Derrickson"'
+    assert t2["observation"].startswith("> [d1] Scott Derrickson\n")  # the hit marker, as the prompt renders it and t2["observation_label"] == 'search "Scott Derrickson"'
     assert "plan" in t2["memory"]
     save_trajectories([trajectory(0)], tmp_path / "garbage.parquet")  # prompt ids [1, 2, 3]: not this tokenizer's prompts
     assert make_decoder(str(default_model_dir), load_run(tmp_path / "garbage.parquet")) is None

@@ -9,11 +9,12 @@ actor that dies is restarted by Ray; its job comes back failed and the scheduler
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
@@ -24,6 +25,7 @@ from ziprl.env.types import QAExample
 from ziprl.policy.source import Completion
 
 ROLLOUT_NAME = "ziprl-rollout-{}"
+RESTART_TIMEOUT_S = 600  # a restarted rollout actor reloads its model
 
 
 def rollout_cpus(cfg: ZipRLConfig) -> float:
@@ -116,6 +118,7 @@ class RaySource:
             except RayActorError as exc:  # the actor died mid-job; Ray restarts it, and it rejoins the weights
                 error = str(exc).strip().splitlines()[-1][:500]
                 try:
+                    self._await_restart(worker)
                     self.sync.rejoin(worker, self.actors[worker])
                 except RayError as again:  # it cannot come back (e.g. its constructor fails): the job fails again
                     error = str(again).strip().splitlines()[-1][:500]
@@ -124,6 +127,18 @@ class RaySource:
             trajs = from_table(table)
             out.append(Completion(ticket, [trajs[i:i + g] for i in range(0, len(trajs), g)], stats))
         return out
+
+    def _await_restart(self, worker: int, timeout_s: float = RESTART_TIMEOUT_S) -> None:
+        """Block until Ray has restarted actor ``worker`` (its model reloaded); re-raise if it cannot start."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(self.actors[worker].pid.remote())
+                return
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Push the learner's weights of ``version`` to every actor (applied before each actor's next job)."""
