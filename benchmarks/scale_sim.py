@@ -129,6 +129,7 @@ def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -
         f"ray.learner_ranks={args.ranks}", "ray.learner_cpus=0.1", "ray.learner_gpus=0",
         "ray.retriever_replicas=1", "ray.retriever_cpus=0.5", f"ray.max_staleness={staleness}",
         "run.checkpoint_every=1000", f"data.dataset={args.dataset}", f"weights.transport={transport}",
+        *([f"retriever.index_dir={args.index_dir}"] if args.index_dir else []),
     ])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
+    ap.add_argument("--index-dir", help="an existing index of the dataset's corpus (e.g. from `ziprl.index adopt`)")
     ap.add_argument("--name", default="scale_sim")
     args = ap.parse_args(argv)
     from ziprl.config import ModelConfig
