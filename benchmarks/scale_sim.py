@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -
         f"run.out_dir={out}", f"run.sft_checkpoint={model}", f"learner.steps={args.steps}",
         "model.engine=hf", "model.dtype=float32", "model.device=cpu", "learner.bf16=false",
         "learner.gradient_checkpointing=false", "learner.zero_stage=3", "learner.beta=0.001",
-        f"learner.global_batch_questions={args.batch}", "learner.micro_batch_turns=128",
+        f"learner.global_batch_questions={args.batch}", "learner.micro_batch_turns=8",
         f"rollout.group_size={args.group}", "rollout.batch_questions=1",
         f"env.max_turns={args.max_turns}", f"sampling.max_new_tokens={args.max_new_tokens}",
         f"ray.num_rollout_actors={args.actors}", f"ray.rollout_actor_cpus={cpus_per_actor}", "ray.rollout_gpus=0",
