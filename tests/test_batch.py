@@ -57,15 +57,16 @@ def test_rows_layout_and_weights():
         [1 / 9] * 3
     )
 
-    (mb,) = make_micro_batches(rows, micro_batch_size=8, pad_id=PAD)
-    assert mb.input_ids.shape == (3, 9)
-    assert mb.input_ids[0].tolist() == [1, 2, 3, 4, 5, PAD, PAD, PAD, PAD]
-    assert mb.attention_mask[0].tolist() == [1] * 5 + [0] * 4
-    assert mb.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 0]  # exactly the response tokens
-    assert mb.loss_mask[2].tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0]
-    assert mb.old_logp[0, 3:5].tolist() == pytest.approx([-1.0, -1.1]) and mb.old_logp[0, :3].eq(0).all()
-    assert mb.adv[1].tolist() == pytest.approx([0] * 6 + [0.7] * 3)
-    assert mb.weight[2].tolist() == pytest.approx([0, 0, 0.125, 0.125, 0.125, 0.125, 0, 0, 0])
+    (mb,) = make_micro_batches(rows, micro_batch_size=8, pad_id=PAD)  # prompts left-, responses right-padded
+    assert mb.input_ids.shape == (3, 10)
+    assert mb.input_ids[0].tolist() == [PAD, PAD, PAD, 1, 2, 3, 4, 5, PAD, PAD]
+    assert mb.attention_mask[0].tolist() == [0] * 3 + [1] * 5 + [0] * 2
+    assert mb.position_ids[0].tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 4, 4]  # real tokens count from 0
+    assert mb.loss_mask[0].tolist() == [0] * 6 + [1, 1, 0, 0]  # exactly the response tokens
+    assert mb.loss_mask[2].tolist() == [0] * 6 + [1, 1, 1, 1]
+    assert mb.old_logp[0, 6:8].tolist() == pytest.approx([-1.0, -1.1]) and mb.old_logp[0, :6].eq(0).all()
+    assert mb.adv[1].tolist() == pytest.approx([0] * 6 + [0.7] * 3 + [0])
+    assert mb.weight[2].tolist() == pytest.approx([0] * 6 + [0.125] * 4)
     assert [m.input_ids.shape for m in make_micro_batches(rows, 2, PAD)] == [(2, 9), (1, 6)]
 
 
@@ -146,8 +147,9 @@ class FullLogits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, use_cache, logits_to_keep):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=use_cache)
         out.logits.retain_grad()
         self.logits = out.logits
         return out
@@ -240,3 +242,30 @@ def test_hrr_term_pushes_higher_quality_turn_up_more(model):
                 p -= 1.0 * p.grad
             after = response_logprobs(m, one).sum().item()
         assert sign * (after - before) > 0
+
+
+class KeepSpy(torch.nn.Module):
+    """Records how many logit positions each forward asks for."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.kept = model, []
+
+    def forward(self, logits_to_keep, **kwargs):
+        self.kept.append(logits_to_keep)
+        return self.model(logits_to_keep=logits_to_keep, **kwargs)
+
+
+def test_logits_kept_do_not_grow_with_prompt_spread(model):
+    # Regression (scale_sim): right-padded rows kept logits from the shortest prompt on, i.e. [B, T - min_start, V];
+    # at micro_batch_turns=128 that was 5 GB per learner rank. Only response-scoring positions may be kept.
+    short = traj("g", 1.0, [turn([1, 2, 3], [4, 5])])
+    long = traj("g", 0.0, [turn(list(range(1, 61)), [7, 8, 9])])
+    rows = build_rows([short, long], [[1.0], [-1.0]], "trajectory")
+    (mb,) = make_micro_batches(rows, 2, PAD)
+    spy = KeepSpy(model)
+    with torch.no_grad():
+        logp = response_logprobs(spy, mb)
+    assert spy.kept == [3 + 1]  # longest response + 1, not 60 - 3 + 3 + 1
+    for k, row in enumerate(rows):
+        assert logp[k][mb.loss_mask[k] == 1].tolist() == pytest.approx(direct_logprobs(model, row), abs=1e-5)

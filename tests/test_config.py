@@ -64,3 +64,13 @@ def test_question_stream_resumes_exactly():
     assert [e.id for e in b.next_batch(6)] == rest
     with pytest.raises(ValueError, match="does not match"):
         QuestionStream(exs[:4], seed=3).restore(pos)
+
+
+def test_removed_key_names_its_replacement(tmp_path):
+    # issue 11's repro: `--set ray.queue_size=1` must say what replaced the queue, not only "no field"
+    with pytest.raises(ConfigError, match=r"ray.queue_size was removed: admission follows the staleness capacity"):
+        load_config(None, ["ray.queue_size=1"])
+    path = tmp_path / "old.yaml"
+    path.write_text("ray:\n  queue_size: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['queue_size'\] in ray.*ray.queue_size was removed"):
+        load_config(path)

@@ -349,12 +349,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+REMOVED = {  # dotted key: what replaced it (named in the error a config that still sets it gets)
+    "ray.queue_size": "admission follows the staleness capacity rule now (ray.max_staleness); delete the key",
+}
+
+
+def _removed(keys: Any, where: str) -> str:
+    """The REMOVED notes for any of ``keys`` (in section ``where``), as an error suffix."""
+    notes = [f"{where}.{k}".lstrip(".") for k in keys if f"{where}.{k}".lstrip(".") in REMOVED]
+    return "".join(f"; {k} was removed: {REMOVED[k]}" for k in notes)
+
+
 def _from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
-        raise ConfigError(f"unknown config key(s) {sorted(unknown)} in {where or 'top level'}; known: {sorted(names)}")
+        raise ConfigError(f"unknown config key(s) {sorted(unknown)} in {where or 'top level'}; known: {sorted(names)}"
+                          + _removed(sorted(unknown), where))
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}".lstrip(".")) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -373,7 +385,8 @@ def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
     name = parts[-1]
     hints = typing.get_type_hints(type(obj))
     if name not in hints:
-        raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; known: {sorted(hints)}")
+        raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; known: {sorted(hints)}"
+                          + _removed([name], ".".join(parts[:-1])))
     import yaml
 
     setattr(obj, name, _coerce(yaml.safe_load(raw) if raw else raw, hints[name], key))

@@ -1,10 +1,13 @@
-"""Turn-level training rows and right-padded micro-batches; response log-probs from a causal LM.
+"""Turn-level training rows and micro-batches; response log-probs from a causal LM.
 
-Layout (token-aligned): for a row ``input_ids = prompt_ids + response_ids`` every per-token tensor is
-indexed by token position, and ``loss_mask[t] = 1`` exactly when token t is a response token. The
-log-prob at position t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the logits at t - 1
-(the next-token shift is done inside ``response_logprobs``). Prompt tokens (system, question, memory,
-observation) never carry loss.
+Layout (token-aligned): a row ``input_ids = prompt_ids + response_ids``; in a micro-batch prompts are
+left-padded and responses right-padded, so every response starts at the same column P and only the
+logits at columns P-1 .. T-2 are ever computed ([B, longest response, V], whatever the prompt lengths).
+Position ids count real tokens only, so padding never shifts RoPE (as in ``HFEngine``'s prefill).
+Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
+response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
+logits at t - 1 (the next-token shift is done inside ``response_logprobs``). Prompt tokens (system,
+question, memory, observation) never carry loss.
 
 Truncation (``max_seq_len``): a row longer than the limit loses its *leftmost prompt* tokens, never
 response tokens; a response that alone needs more than ``max_seq_len - 1`` positions is an error. A
@@ -41,10 +44,11 @@ class TurnRow:
 
 @dataclass
 class MicroBatch:
-    """Right-padded [B, T] tensors; per-token fields are 0 outside response positions."""
+    """[B, T] tensors, prompts left- and responses right-padded; per-token fields are 0 outside responses."""
 
     input_ids: Tensor
     attention_mask: Tensor
+    position_ids: Tensor  # 0, 1, ... over the real tokens of each row (0 on padding)
     loss_mask: Tensor
     old_logp: Tensor
     adv: Tensor
@@ -109,32 +113,34 @@ def build_rows(
 
 
 def collate(rows: Sequence[TurnRow], pad_id: int) -> MicroBatch:
-    """Right-pad rows into one MicroBatch."""
-    b, t = len(rows), max(len(r.input_ids) for r in rows)
+    """Pad rows into one MicroBatch: prompts on the left, responses on the right, all responses at one column."""
+    p = max(r.response_start for r in rows)
+    b, t = len(rows), p + max(len(r.input_ids) - r.response_start for r in rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
     attn = torch.zeros((b, t), dtype=torch.long)
     loss_mask = torch.zeros((b, t), dtype=torch.float32)
     old_logp, adv, weight = (torch.zeros((b, t), dtype=torch.float32) for _ in range(3))
     for k, r in enumerate(rows):
-        n, s = len(r.input_ids), r.response_start
-        ids[k, :n] = torch.tensor(r.input_ids, dtype=torch.long)
-        attn[k, :n] = 1
-        loss_mask[k, s:n] = 1.0
-        old_logp[k, s:n] = torch.tensor(r.old_logp, dtype=torch.float32)
-        adv[k, s:n] = r.advantage
-        weight[k, s:n] = r.weight
-    return MicroBatch(ids, attn, loss_mask, old_logp, adv, weight)
+        first, end = p - r.response_start, p + len(r.input_ids) - r.response_start
+        ids[k, first:end] = torch.tensor(r.input_ids, dtype=torch.long)
+        attn[k, first:end] = 1
+        loss_mask[k, p:end] = 1.0
+        old_logp[k, p:end] = torch.tensor(r.old_logp, dtype=torch.float32)
+        adv[k, p:end] = r.advantage
+        weight[k, p:end] = r.weight
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight)
 
 
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
-    """Consecutive groups of ``micro_batch_size`` rows, each right-padded to its own longest row."""
+    """Consecutive groups of ``micro_batch_size`` rows, each padded to its own longest prompt and response."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return [collate(rows[s : s + micro_batch_size], pad_id) for s in range(0, len(rows), micro_batch_size)]
 
 
 def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:
-    """Tempered logits predicting tokens start+1 .. T-1, where start is one before the earliest response token."""
+    """Tempered logits predicting tokens start+1 .. T-1, where start is the column before the responses."""
     mask = batch.loss_mask.bool()
     if not mask.any():
         raise ValueError("micro-batch has no response tokens")
@@ -142,9 +148,8 @@ def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: flo
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
     start = int(mask.any(0).nonzero()[0]) - 1
     keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep
-    )
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=keep)
     logits = out.logits[:, -keep:-1]
     return (logits if temperature == 1.0 else logits / temperature), start
 
