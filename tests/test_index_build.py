@@ -17,6 +17,7 @@ from ziprl.env import index_build as IB
 from ziprl.env.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
 from ziprl.env.passage_store import PassageStore
 from ziprl.env.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
+from ziprl.env.retriever import rerank_exact as IB_rerank
 from ziprl.env.types import Passage
 from ziprl.index import main as cli
 
@@ -259,3 +260,62 @@ def test_scan_corpus_streams_and_finds_duplicates(tmp_path):
         scan_corpus(tmp_path / "c.jsonl")
     ok = scan_corpus(write_corpus([Passage("a", "T", "x"), Passage("b", "T", "y")], tmp_path / "ok.jsonl"))
     assert ok.count == 2 and ok.id_hashes.dtype == np.uint64 and len(set(ok.id_hashes.tolist())) == 2
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_stored_vectors_rerank_a_compressed_index_exactly(data, encoder, tmp_path, shards):
+    _, _, _, x = data
+    out = _build(data, encoder, tmp_path / "pq", index_type="IVF8,PQ16x4", train_size=400, chunk_size=37,
+                 shards=shards, store_vectors=True)
+    stored = np.concatenate([np.load(p) for p in sorted(out.rglob("vectors.npy"))])
+    np.testing.assert_allclose(stored, x, atol=1e-6)  # every row, in corpus order (as normalised for the index)
+    exact = Retriever.load(_build(data, encoder, tmp_path / "flat", index_type="flat"), encoder)
+    q = x[::11] + 0.05
+    want = exact.search_embeddings(q, 10)
+    got = Retriever.load(out, encoder, nprobe=8, k_factor=20).search_embeddings(q, 10)
+    assert _ids(got) == _ids(want)
+    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+    coarse = Retriever.load(out, encoder, nprobe=1, k_factor=1).search_embeddings(q, 10)  # fewer candidates
+    assert all(len(h) == 10 for h in coarse) and _ids(coarse) != _ids(want)
+    (next(out.rglob("vectors.npy"))).unlink()
+    with pytest.raises(RetrieverError, match="incomplete.*vectors.npy"):
+        Retriever.load(out, encoder)
+
+
+def test_rerank_exact_scores_only_the_candidates():
+    rng = np.random.default_rng(3)
+    vecs, q = rng.normal(size=(50, 8)).astype(np.float32), rng.normal(size=(3, 8)).astype(np.float32)
+    cand = np.array([[4, 9, 1, -1], [-1, -1, -1, -1], [7, 7 + 1, 30, 2]])
+    scores, rows = IB_rerank(vecs, q, cand, 3)
+    for i in range(3):
+        ok = [int(c) for c in cand[i] if c >= 0]
+        best = sorted(ok, key=lambda c: -float(vecs[c] @ q[i]))[:3]
+        assert rows[i][: len(best)].tolist() == best
+        assert scores[i][: len(best)] == pytest.approx([float(vecs[c] @ q[i]) for c in best], rel=1e-5)
+        assert (rows[i][len(best):] == -1).all()
+
+
+def test_store_vectors_resumes_and_old_manifests_are_reused(data, encoder, tmp_path, monkeypatch):
+    _, _, _, x = data
+    real = IB.NpyVectors.rows
+    calls = {"n": 0}
+
+    def crashing(self, start, stop):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(self, start, stop)
+
+    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    kw = {"index_type": "IVF8,PQ16x4", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0, "store_vectors": True}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    calls["n"] = -100
+    out = _build(data, encoder, tmp_path / "idx", **kw)
+    np.testing.assert_allclose(np.load(out / "vectors.npy"), x, atol=1e-6)
+    plain = _build(data, encoder, tmp_path / "plain", index_type="flat")
+    manifest = json.loads((plain / "manifest.json").read_text())
+    del manifest["store_vectors"]  # as written before the key existed
+    (plain / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(IB, "fill_index", lambda *a, **k: pytest.fail("an up-to-date index was rebuilt"))
+    assert _build(data, encoder, tmp_path / "plain", index_type="flat") == plain

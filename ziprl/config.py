@@ -53,7 +53,8 @@ class RetrieverConfig:
     embeddings: str | None = None  # build: precomputed passage vectors (.npy / .parquet) aligned with the corpus
     nprobe: int = 32  # search: IVF lists visited per query (IVF indexes only)
     ef_search: int = 128  # search: HNSW candidate list size (HNSW indexes and HNSW coarse quantizers)
-    k_factor: int = 4  # search: re-ranked candidates per hit = k_factor * k (Refine indexes only)
+    k_factor: int = 4  # search: re-ranked candidates per hit = k_factor * k (Refine indexes, stored vectors)
+    store_vectors: bool = False  # build: keep float32 vectors on disk (vectors.npy, mmap'd) to re-rank exactly
     use_gpu: bool = False  # search on GPU when faiss-gpu and a GPU are present (CPU otherwise, with a warning)
 
 

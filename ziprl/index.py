@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk-size", type=int, default=DEFAULTS.chunk_size, help="vectors encoded/added per chunk")
     b.add_argument("--train-size", type=int, default=DEFAULTS.train_size, help="vectors sampled to train IVF/PQ")
     b.add_argument("--embeddings", default=None, help="precomputed passage vectors (.npy/.parquet), one per corpus row")
+    b.add_argument("--store-vectors", action="store_true",
+                   help="also keep the float32 vectors on disk (memory-mapped at search) to re-rank "
+                        "k-factor x k candidates of a compressed index (e.g. IVF-PQ) exactly")
     a = sub.add_parser("adopt", help="wrap a prebuilt FAISS index (one vector per corpus row, in order)")
     a.add_argument("--faiss", required=True, help="FAISS index file")
     a.add_argument("--corpus", required=True, help="the JSONL(.gz) corpus its rows are")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             out = build_index(args.corpus, args.out, encoder, args.index, args.batch_size, not args.no_progress,
                               shards=args.shards, chunk_size=args.chunk_size, train_size=args.train_size,
-                              embeddings=args.embeddings)
+                              embeddings=args.embeddings, store_vectors=args.store_vectors)
         else:
             out = adopt_index(args.faiss, args.corpus, args.out, encoder, not args.no_progress)
         print(out)

@@ -30,6 +30,7 @@ from ziprl.env.index_files import (
     FORMAT_VERSION,
     INDEX_FILE,
     MANIFEST_FILE,
+    VECTORS_FILE,
     RetrieverError,
     missing_files,
     read_json,
@@ -48,7 +49,8 @@ HNSW_EF_CONSTRUCTION = 200
 PROGRESS_FILE, TRAINED_FILE = "progress.json", "trained.faiss"
 # manifest keys that must agree for an existing index (or a partial build) to be reused
 BUILD_KEYS = ("format", "corpus_sha256", "count", "encoder", "query_prefix", "passage_prefix", "factory", "shards",
-              "embeddings", "train_size")
+              "embeddings", "train_size", "store_vectors")
+BUILD_DEFAULTS = {"store_vectors": False}  # build keys an index written before they existed is read as having
 
 
 # ---------------------------------------------------------------- index types
@@ -258,19 +260,25 @@ def train_template(index_type: str, source: Vectors, train_size: int, seed: int 
 
 
 def fill_index(index: faiss.Index, source: Vectors, start: int, stop: int, chunk_size: int, bar: tqdm,
-               checkpoint: Any = None, checkpoint_s: float = 300.0) -> faiss.Index:
+               checkpoint: Any = None, checkpoint_s: float = 300.0, stored: np.ndarray | None = None) -> faiss.Index:
     """Add rows ``start..stop-1`` (after the ``index.ntotal`` already added) a chunk at a time.
 
     ``checkpoint(index, added)`` is called every ``checkpoint_s`` seconds (0 = after every chunk).
+    ``stored`` (a writable memmap of ``stop - start`` rows) also receives every added vector.
     """
     last = time.monotonic()
     row = start + index.ntotal
     while row < stop:
         end = min(stop, row + chunk_size)
-        index.add(source.rows(row, end))
+        chunk = source.rows(row, end)
+        index.add(chunk)
+        if stored is not None:
+            stored[row - start:end - start] = chunk
         bar.update(end - row)
         row = end
         if checkpoint is not None and row < stop and time.monotonic() - last >= checkpoint_s:
+            if stored is not None:
+                stored.flush()  # the stored rows a resumed build skips are on disk before the progress says so
             checkpoint(index, row - start)
             last = time.monotonic()
     return index
@@ -294,11 +302,13 @@ def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
 def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
                 index_type: str = "flat", batch_size: int = 64, progress: bool = True, *, shards: int = 1,
                 chunk_size: int = 65536, train_size: int = 262144, embeddings: str | Path | None = None,
-                checkpoint_s: float = 300.0) -> Path:
+                checkpoint_s: float = 300.0, store_vectors: bool = False) -> Path:
     """Build (or reuse, or resume) an index directory for a JSONL corpus of any size. Returns ``out_dir``.
 
     Vectors come from ``embeddings`` (a ``.npy``/``.parquet`` aligned row for row with the corpus) or
-    from ``encoder``. Every input is checked before any vector is encoded or added.
+    from ``encoder``. Every input is checked before any vector is encoded or added. ``store_vectors`` also
+    writes each shard's float32 vectors to ``vectors.npy``, which search memory-maps to re-rank a compressed
+    index's candidates exactly (see ``Retriever.load``).
     """
     for name, value, low in (("batch_size", batch_size, 1), ("shards", shards, 1), ("chunk_size", chunk_size, 1),
                              ("train_size", train_size, 1)):
@@ -326,9 +336,10 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         "query_prefix": encoder.query_prefix, "passage_prefix": encoder.passage_prefix,
         "index_type": index_type, "factory": factory, "shards": shards, "embeddings": _embeddings_key(embeddings),
         "train_size": min(train_size, scan.count) if trained else None, "metric": "inner_product",
+        "store_vectors": store_vectors,
     }
     old = read_manifest(out)
-    if old is not None and not missing_files(out, old) and all(old.get(k) == manifest[k] for k in BUILD_KEYS):
+    if old is not None and not missing_files(out, old) and all(old.get(k, BUILD_DEFAULTS.get(k)) == manifest[k] for k in BUILD_KEYS):
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -374,7 +385,14 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
                 if previous:
                     (part / previous).unlink(missing_ok=True)
 
-            fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s)
+            stored = None
+            if store_vectors:
+                stored = np.lib.format.open_memmap(part / VECTORS_FILE, mode="r+" if name else "w+",
+                                                   dtype=np.float32, shape=(b - a, dim))
+            fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s, stored)
+            if stored is not None:
+                stored.flush()
+                del stored
             _write_index(index, part / INDEX_FILE)
             previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
             write_json(work / PROGRESS_FILE, state)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ziprl.env.passage_store import STORE_FILES
 
-INDEX_FILE, MANIFEST_FILE = "index.faiss", "manifest.json"
+INDEX_FILE, MANIFEST_FILE, VECTORS_FILE = "index.faiss", "manifest.json", "vectors.npy"
 FORMAT_VERSION = 2
 PART_FILES = (INDEX_FILE, *STORE_FILES)
 
@@ -66,7 +66,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def missing_files(index_dir: Path, manifest: dict[str, Any] | None) -> list[str]:
     """Files an index directory lacks (relative names); the manifest says how many shards to expect."""
     shards = int((manifest or {}).get("shards", 1))
-    names = [MANIFEST_FILE] + [str(shard_dir(Path(), s, shards) / f) for s in range(shards) for f in PART_FILES]
+    files = PART_FILES + ((VECTORS_FILE,) if (manifest or {}).get("store_vectors") else ())
+    names = [MANIFEST_FILE] + [str(shard_dir(Path(), s, shards) / f) for s in range(shards) for f in files]
     return [n for n in names if not (index_dir / n).is_file()]
 
 

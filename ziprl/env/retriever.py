@@ -27,6 +27,7 @@ from ziprl.env.index_files import (
     FORMAT_VERSION,
     INDEX_FILE,
     MANIFEST_FILE,
+    VECTORS_FILE,
     RetrieverError,
     UnknownDocument,
     missing_files,
@@ -42,14 +43,15 @@ __all__ = ["DEFAULT_ENCODER_ID", "Encoder", "Retriever", "RetrieverError", "Unkn
            "build_index", "default_index_dir", "default_model_dir", "merge_hits", "passage_text"]
 
 
-def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str, shards: int = 1) -> Path:
+def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str, shards: int = 1,
+                      store_vectors: bool = False) -> Path:
     """``<cache>/index/<corpus stem>-<hash of corpus path and settings>``."""
     corpus = Path(corpus_path).expanduser().resolve()
     from ziprl.env.datasets import SAMPLE_DIR
 
     stem = "sample" if corpus.parent == SAMPLE_DIR else corpus.name.split(".")[0]
     settings = [str(corpus), encoder.encoder_id, encoder.query_prefix, encoder.passage_prefix, index_type]
-    key = json.dumps(settings + ([shards] if shards > 1 else []))
+    key = json.dumps(settings + ([shards] if shards > 1 else []) + (["vectors"] if store_vectors else []))
     return cache_root() / "index" / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -63,10 +65,27 @@ def merge_hits(per_shard: Sequence[list[list[Hit]]], k: int) -> list[list[Hit]]:
 
 @dataclass
 class Shard:
-    """One FAISS index and the passages of its rows."""
+    """One FAISS index and the passages of its rows (and, if stored, their vectors, memory-mapped)."""
 
     index: faiss.Index
     store: PassageStore
+    vectors: np.ndarray | None = None
+
+
+def rerank_exact(vectors: np.ndarray, queries: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-``k`` among candidate ``rows`` (n, m; -1 = none) of memory-mapped ``vectors``.
+
+    Reads each distinct candidate once, in row order; returns (scores, rows) of shape (n, k), -1 rows padding.
+    """
+    valid = rows >= 0
+    wanted = np.unique(rows[valid])
+    cand = np.asarray(vectors[wanted], dtype=np.float32)  # one sorted gather from disk / page cache
+    pos = np.searchsorted(wanted, np.where(valid, rows, wanted[0] if len(wanted) else 0))
+    scores = np.einsum("nmd,nd->nm", cand[pos], queries) if len(wanted) else np.zeros(rows.shape, np.float32)
+    scores = np.where(valid, scores, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    best, picked = np.take_along_axis(scores, top, 1), np.take_along_axis(rows, top, 1)
+    return best.astype(np.float32), np.where(np.isfinite(best), picked, -1)
 
 
 # ---------------------------------------------------------------- search
@@ -76,9 +95,9 @@ class Retriever:
     """Batched dense search and ``open`` over the shards of one index directory (see :meth:`load`)."""
 
     def __init__(self, shards: list[Shard], manifest: dict[str, Any], encoder: Encoder, snippet_chars: int = 200,
-                 check_dim: bool = False, path: Path | None = None):
+                 check_dim: bool = False, path: Path | None = None, k_factor: int = 0):
         self.shards, self.manifest, self.encoder, self.snippet_chars = shards, manifest, encoder, snippet_chars
-        self.path = path
+        self.path, self.k_factor = path, k_factor
         self.dim = int(manifest["dim"])
         self._total = int(manifest["count"])
         self._dim_checked = not check_dim
@@ -132,7 +151,8 @@ class Retriever:
                     f"passages, dim {manifest['dim']}; index.faiss: {index.ntotal}, dim {index.d}; passage store: "
                     f"{len(store)}); {hint}")
             set_search_params(index, nprobe, ef_search, k_factor)
-            loaded.append(Shard(to_gpu(index) if use_gpu else index, store))
+            vectors = np.load(part / VECTORS_FILE, mmap_mode="r") if manifest.get("store_vectors") else None
+            loaded.append(Shard(to_gpu(index) if use_gpu else index, store, vectors))
         check_dim = encoder is None  # a given encoder is checked now; the manifest's on first use (no torch yet)
         if encoder is None:
             encoder = Encoder(manifest["encoder_path"], manifest["query_prefix"], manifest["passage_prefix"])
@@ -141,7 +161,7 @@ class Retriever:
         if used != built:
             raise RetrieverError(f"index {d} was built with encoder/query prefix/passage prefix {built}, "
                                  f"but {used} was given; use the same settings or rebuild the index")
-        retriever = cls(loaded, manifest, encoder, snippet_chars, check_dim, d)
+        retriever = cls(loaded, manifest, encoder, snippet_chars, check_dim, d, k_factor)
         if not check_dim:
             retriever._check_encoder_dim()
         return retriever
@@ -160,16 +180,17 @@ class Retriever:
             from ziprl.env.datasets import SAMPLE_DIR, corpus_for
 
             shipped = SAMPLE_DIR / "index"
-            default = (factory_string(cfg.index_type) == "Flat" and cfg.shards == 1 and cfg.embeddings is None)
+            default = (factory_string(cfg.index_type) == "Flat" and cfg.shards == 1 and cfg.embeddings is None
+                       and not cfg.store_vectors)
             if encoder is None and default and cfg.index_dir is None and not missing_files(shipped, {}):
                 # prebuilt with the default encoder (saves minutes)
                 return cls.load(shipped, None, cfg.snippet_chars, shards=shards, **search)
             corpus = corpus_for("sample")
         encoder = encoder or Encoder(batch_size=cfg.batch_size)
         out = cfg.index_dir if cfg.index_dir is not None else default_index_dir(corpus, encoder, cfg.index_type,
-                                                                                cfg.shards)
+                                                                                cfg.shards, cfg.store_vectors)
         build_index(corpus, out, encoder, cfg.index_type, cfg.batch_size, shards=cfg.shards, chunk_size=cfg.chunk_size,
-                    train_size=cfg.train_size, embeddings=cfg.embeddings)
+                    train_size=cfg.train_size, embeddings=cfg.embeddings, store_vectors=cfg.store_vectors)
         return cls.load(out, encoder, cfg.snippet_chars, shards=shards, **search)
 
     def __len__(self) -> int:
@@ -218,7 +239,11 @@ class Retriever:
         self._check_k(k)
         per_shard = []
         for shard in self.shards:
-            scores, rows = shard.index.search(vectors, min(k, len(shard.store)))
+            if shard.vectors is None:
+                scores, rows = shard.index.search(vectors, min(k, len(shard.store)))
+            else:  # over-fetch from the compressed index, then score the candidates exactly
+                _, cand = shard.index.search(vectors, min(k * max(self.k_factor, 1), len(shard.store)))
+                scores, rows = rerank_exact(shard.vectors, vectors, cand, min(k, len(shard.store)))
             per_shard.append([[self._hit(shard.store, int(r), float(s)) for r, s in zip(rr, ss, strict=True) if r >= 0]
                               for rr, ss in zip(rows, scores, strict=True)])
         return merge_hits(per_shard, k)
