@@ -44,9 +44,8 @@ WEIGHTS = (0.0, 0.2)
 
 def cold_start_model(overrides: list[str]) -> Path:
     """The Stage 1 model for these settings (cached where ``python -m ziprl.launch`` caches it), built if missing."""
-    from ziprl.demos import build_demos
-    from ziprl.launch import stage1_dir
-    from ziprl.learner.sft import run_sft
+    from ziprl.env.demos import build_demos
+    from ziprl.learner.sft import run_sft, stage1_dir
 
     cfg = load_config(None, overrides)
     root = stage1_dir(cfg)
@@ -69,7 +68,7 @@ def read_run(run_dir: Path, steps: int) -> list[dict] | None:
 
 def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[dict]:
     """Per-step metrics of one (seed, w) run; a run finished earlier (same --out) is read, not redone."""
-    from ziprl.train import train
+    from ziprl.learner.in_process import train
 
     run_dir = out / f"w{w:g}_seed{seed}"
     cfg = load_config(None, base + [f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",

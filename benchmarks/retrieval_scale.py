@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="search the IVF indexes of the last run again at these nprobe values and add the rows")
     args = ap.parse_args(argv)
     n = 100_000 if args.quick else args.n
-    from ziprl.env.corpus import cache_root
+    from ziprl.paths import cache_root
 
     work = Path(args.work or cache_root() / "bench" / f"retrieval_scale-{n}")
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@
 Everything but the model's size is the paper's shape: 32 rollout actors (Ray actors with a sliver of a CPU
 each), 64 questions x G = 8 per step, 4 learner ranks (DeepSpeed ZeRO-3 over gloo), up to 20 turns, the pooled
 HotpotQA + MuSiQue corpus behind the Ray Serve retriever, the real driver and training loop
-(``ziprl.launch.launch``). The model is a Qwen3 (the paper's family) of 2 layers and hidden size 64 built from
+(``ziprl.actors.launch.launch``). The model is a Qwen3 (the paper's family) of 2 layers and hidden size 64 built from
 a config, random-initialised, with SmolLM2's real tokenizer (nothing downloaded). It writes its output at
 random, so episodes mostly run to the turn limit: the heaviest rollout load per question.
 
@@ -109,8 +109,8 @@ def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -
     """One launch at the paper's layout; returns the per-step metrics, totals and process memory."""
     import ray
 
+    from ziprl.actors.launch import launch
     from ziprl.config import load_config
-    from ziprl.launch import launch
 
     out = ROOT / "runs" / f"scale_sim_s{staleness}_{transport}"
     if out.exists():
@@ -194,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="scale_sim")
     args = ap.parse_args(argv)
     from ziprl.config import ModelConfig
-    from ziprl.policy.models import cache_root
+    from ziprl.paths import cache_root
 
-    model = tiny_qwen3(cache_root(ModelConfig()) / "tiny-qwen3-h64")
+    model = tiny_qwen3(cache_root(ModelConfig().cache_dir) / "tiny-qwen3-h64")
     layout = {k: getattr(args, k) for k in ("actors", "batch", "group", "ranks", "steps", "max_turns",
                                             "max_new_tokens", "dataset")}
     runs: list[dict] = []

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ziprl import demo, demos, index, launch, train
-from ziprl import eval as eval_cmd
+from ziprl.cli import demos, index, launch, sft, train
+from ziprl.cli import eval as eval_cmd
+from ziprl.cli import watch_teacher as demo
 from ziprl.errors import run_command
-from ziprl.learner import sft
 
 GOOD = [{"id": "a", "title": "A", "text": "alpha"}, {"id": "b", "title": "B", "text": "beta"}]
 

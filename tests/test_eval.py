@@ -48,7 +48,7 @@ def test_empty_batch_gives_zeros():
 def test_eval_cli_all_strategies(tiny_model_dir, tmp_path):
     """A random tiny model writes no protocol: every turn is a format error, every episode runs out of turns,
     and react's prompt grows with the turns while adaptive's does not."""
-    from ziprl.eval import main
+    from ziprl.cli.eval import main
 
     out = tmp_path / "eval"
     rc = main(["--strategy", "all", "--model", str(tiny_model_dir), "--limit", "2", "--max-turns", "3",
@@ -71,7 +71,7 @@ def test_eval_cli_all_strategies(tiny_model_dir, tmp_path):
 
 
 def test_eval_cli_rejects_unknown_strategy_before_loading(capsys):
-    from ziprl.eval import main
+    from ziprl.cli.eval import main
 
     assert main(["--strategy", "adaptive,magic"]) == 2
     assert "unknown strategy ['magic']" in capsys.readouterr().err

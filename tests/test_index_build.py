@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ziprl.cli.index import main as cli
 from ziprl.config import RetrieverConfig
 from ziprl.env import index_build as IB
 from ziprl.env.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
@@ -19,7 +20,6 @@ from ziprl.env.passage_store import PassageStore
 from ziprl.env.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
 from ziprl.env.retriever import rerank_exact as IB_rerank
 from ziprl.env.types import Passage
-from ziprl.index import main as cli
 
 N, DIM = 600, 384
 
@@ -223,7 +223,7 @@ def test_use_gpu_without_a_gpu_searches_on_cpu(data, encoder, tmp_path, caplog):
 
 
 def test_from_config_builds_shards_with_embeddings(data, encoder, tmp_path, monkeypatch):
-    monkeypatch.setenv("ZIPRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
     corpus, emb, _, _ = data
     cfg = RetrieverConfig(corpus=str(corpus), embeddings=str(emb), shards=2, index_type="IVF8,Flat", train_size=300,
                           nprobe=8)

@@ -35,7 +35,7 @@ def _kill_rollout_actor_mid_batch(done: threading.Event, killed: list) -> None:
 def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from ziprl.launch import launch
+    from ziprl.actors.launch import launch
     from ziprl.policy import resolve_model_path
 
     out = tmp_path / "run"
@@ -76,7 +76,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
 
 def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
     """Global batch 4 > 2 actors + 1, max_staleness 0, collective weight push: every step completes on-policy."""
-    from ziprl.launch import launch
+    from ziprl.actors.launch import launch
 
     out = tmp_path / "run"
     cfg = load_config(None, [

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ziprl.config import ModelConfig
+from ziprl.paths import cache_root
 from ziprl.policy import models
 from ziprl.policy.models import (
     ModelPathError,
-    cache_root,
     convert_default_model,
     load_gguf_model,
     load_model,
@@ -60,9 +60,9 @@ def test_default_path_is_cached_and_named_by_gguf_hash(default_path, tmp_path, m
     assert default_path.name == f"smollm2-135m-instruct-{models.gguf_hash(models.default_gguf_path())}"
     assert resolve_model_path(ModelConfig()) == default_path  # second call: no reconversion
     monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
-    assert cache_root(ModelConfig(cache_dir="~/elsewhere")) == tmp_path
+    assert cache_root(ModelConfig(cache_dir="~/elsewhere").cache_dir) == tmp_path
     monkeypatch.delenv("ZIPRL_CACHE")
-    assert cache_root(ModelConfig(cache_dir="~/elsewhere")) == Path.home() / "elsewhere"
+    assert cache_root(ModelConfig(cache_dir="~/elsewhere").cache_dir) == Path.home() / "elsewhere"
 
 
 def test_local_path_is_validated(tmp_path):

@@ -20,7 +20,7 @@ from ziprl.env.protocol import HIT_MARK
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.trajectory import LEGACY_SCHEMAS, Trajectory, Turn, load_trajectories, save_trajectories
 from ziprl.env.types import Hit, Passage, QAExample
-from ziprl.eval_noise import injected_fraction, parse_noise_levels
+from ziprl.evaluation.noise import injected_fraction, parse_noise_levels
 
 FILLER = [Passage(f"f{i}", f"Filler {i}", f"Filler passage number {i} about topic {i % 7}.") for i in range(60)]
 EXAMPLES = [QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"],
@@ -157,9 +157,9 @@ def test_real_retriever_hit_at_renders_like_search():
 
 @pytest.mark.slow
 def test_rollout_records_noise_and_eval_sweep_writes_curve(tiny_model_dir, tmp_path):
+    from ziprl.cli.eval import main
     from ziprl.config import RetrieverConfig, SamplingConfig
     from ziprl.env.retriever import Retriever
-    from ziprl.eval import main
     from ziprl.policy import HFEngine
     from ziprl.policy.rollout import rollout
 

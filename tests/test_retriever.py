@@ -11,6 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
+from ziprl.cli.index import main as cli
 from ziprl.config import RetrieverConfig
 from ziprl.env import index_build as IB
 from ziprl.env import retriever as R
@@ -25,7 +26,6 @@ from ziprl.env.retriever import (
     default_index_dir,
 )
 from ziprl.env.types import Passage
-from ziprl.index import main as cli
 
 N = 24
 
@@ -74,7 +74,7 @@ class CountingEncoder(Encoder):
 
 
 def test_env_layer_imports_without_torch():
-    code = ("import sys, ziprl.env.retriever, ziprl.env.datasets, ziprl.index; "
+    code = ("import sys, ziprl.env.retriever, ziprl.env.datasets, ziprl.cli.index; "
             "bad = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -196,7 +196,7 @@ def test_failed_build_keeps_the_old_index(passages, encoder, tmp_path, monkeypat
         raise OSError("disk full")
 
     with monkeypatch.context() as m:
-        m.setattr(IB, "write_json", crash)
+        m.setattr(IB, "atomic_write_json", crash)
         with pytest.raises(OSError, match="disk full"):
             build_index(corpus, out, encoder, progress=False)
     assert len(Retriever.load(out, encoder)) == 3
@@ -253,7 +253,7 @@ def test_encoder_mismatch(flat_dir, encoder):
 
 
 def test_from_config(flat_dir, passages, tmp_path, monkeypatch):
-    monkeypatch.setenv("ZIPRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
     loaded = Retriever.from_config(RetrieverConfig(index_dir=str(flat_dir)))  # encoder from the manifest
     assert len(loaded) == N and loaded.encoder.encoder_id == R.DEFAULT_ENCODER_ID
     corpus = write_corpus(passages[:3], tmp_path / "tiny.jsonl")
@@ -303,7 +303,7 @@ def test_shipped_sample_index_matches_the_shipped_corpus(tmp_path, monkeypatch):
     from ziprl.env.corpus import corpus_sha256
     from ziprl.env.datasets import SAMPLE_DIR
 
-    monkeypatch.setenv("ZIPRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
     manifest = json.loads((SAMPLE_DIR / "index" / "manifest.json").read_text())
     passages = load_corpus(corpus_for("sample"))
     assert manifest["corpus_sha256"] == corpus_sha256(passages) and manifest["count"] == len(passages)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.test_trainer import requires_deepspeed
+from ziprl.cli.sft import main
 from ziprl.config import ModelConfig, ZipRLConfig
 from ziprl.learner.batch import make_micro_batches, response_logprobs
 from ziprl.learner.sft import (
@@ -20,7 +21,6 @@ from ziprl.learner.sft import (
     SFTRow,
     chat_prompt_ids,
     end_of_turn_ids,
-    main,
     read_demos,
     run_sft,
     sft_rows,

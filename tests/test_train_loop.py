@@ -22,7 +22,7 @@ def _cfg(model, out, steps, resume=False):
 
 
 def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_path):
-    from ziprl.train import train
+    from ziprl.learner.in_process import train
 
     straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
     train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
@@ -46,7 +46,7 @@ def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_p
 
 
 def test_cli_reports_config_errors(capsys):
-    from ziprl.train import main
+    from ziprl.cli.train import main
 
     assert main(["--set", "learner.loss_norm=mean"]) == 2
     assert "learner.loss_norm" in capsys.readouterr().err

@@ -7,9 +7,9 @@ import pytest
 
 from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig, ZipRLConfig
-from ziprl.demos import synthesize
 from ziprl.env import SearchCompressEnv
 from ziprl.env.chat import chat_ids
+from ziprl.env.demos import synthesize
 from ziprl.env.protocol import escape, parse_hits
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.tokenized import HeuristicCandidates

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.viewer_data import EVIL, trajectory, write_many, write_run
+from ziprl.cli.view import main
 from ziprl.env.protocol import unescape
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
-from ziprl.view.__main__ import main
 from ziprl.view.data import INDEX_COLUMNS, build_index, episode, load_run, prompt_parts, step_stats
 from ziprl.view.page import render_page, script_json
 from ziprl.view.server import make_server

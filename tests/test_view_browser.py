@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from tests.viewer_data import write_many, write_run
-from ziprl.view.__main__ import main
+from ziprl.cli.view import main
 from ziprl.view.data import load_run
 from ziprl.view.server import make_server
 

@@ -324,7 +324,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-        return _from_dict(tp, value, where)
+        return from_dict(tp, value, where)
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, str):
@@ -361,7 +361,12 @@ def _removed(keys: Any, where: str) -> str:
     return "".join(f"; {k} was removed: {REMOVED[k]}" for k in notes)
 
 
-def _from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build config dataclass ``cls`` from a plain dict (nested sections too), each value coerced to its field's type.
+
+    Unknown keys raise ConfigError naming ``where`` (the dotted path); missing keys keep their defaults; no
+    ``validate()`` here. The inverse of ``to_dict()`` (configs sent to Ray actors, env configs given as dicts).
+    """
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
@@ -411,7 +416,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p} must hold a mapping of sections")
-        cfg = _from_dict(ZipRLConfig, data)
+        cfg = from_dict(ZipRLConfig, data)
     for o in overrides or []:
         apply_override(cfg, o)
     return cfg.validate()

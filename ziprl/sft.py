@@ -1,6 +1,6 @@
-"""``python -m ziprl.sft --demos FILE --out DIR``: cold-start SFT (see :mod:`ziprl.learner.sft`)."""
+"""``python -m ziprl.sft``: the stable entry point of the command in :mod:`ziprl.cli.sft`."""
 
-from ziprl.learner.sft import main
+from ziprl.cli.sft import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

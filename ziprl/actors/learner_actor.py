@@ -21,7 +21,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ziprl.actors.weight_sync import SendsWeights, WeightSource
-from ziprl.config import ConfigError, ZipRLConfig, _from_dict
+from ziprl.config import ConfigError, ZipRLConfig, from_dict
 from ziprl.env.trajectory import from_table
 
 PLACEMENT_TIMEOUT_S = 300
@@ -34,7 +34,7 @@ class LearnerWorker(SendsWeights):
         import torch
 
         torch.set_num_threads(max(1, num_threads))
-        self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
+        self.cfg: ZipRLConfig = from_dict(ZipRLConfig, cfg)
         self.trainer = None
 
     def node_ip(self) -> str:

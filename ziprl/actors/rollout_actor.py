@@ -12,7 +12,7 @@ import ray
 
 from ziprl.actors.weight_sync import ReceivesWeights, WeightReceiver
 from ziprl.actors.weights import WeightRef
-from ziprl.config import ZipRLConfig, _from_dict
+from ziprl.config import ZipRLConfig, from_dict
 from ziprl.env.trajectory import to_table
 from ziprl.env.types import QAExample
 
@@ -27,7 +27,7 @@ class RolloutWorker(ReceivesWeights):
         from ziprl.policy import make_engine
 
         torch.set_num_threads(max(1, num_threads))
-        self.cfg: ZipRLConfig = _from_dict(ZipRLConfig, cfg)
+        self.cfg: ZipRLConfig = from_dict(ZipRLConfig, cfg)
         self.actor_id = actor_id
         self.engine = make_engine(self.cfg.model, model_path)
         self.retriever = ServeRetrieverClient(retriever_handle, self.cfg.ray.retriever_timeout_s)

@@ -44,7 +44,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ziprl.config import HTTP_TOKEN_ENV, LOOPBACK, ConfigError, RayConfig, RetrieverConfig, _from_dict
+from ziprl.config import HTTP_TOKEN_ENV, LOOPBACK, ConfigError, RayConfig, RetrieverConfig, from_dict
 from ziprl.env.index_files import read_manifest
 from ziprl.env.retriever import Retriever, RetrieverError, UnknownDocument, merge_hits
 from ziprl.env.types import Hit, Passage
@@ -102,7 +102,7 @@ def search_error(query: Any, k: Any, num_docs: int, max_chars: int | None = None
 
 
 def _config(retriever: RetrieverConfig | dict) -> RetrieverConfig:
-    return _from_dict(RetrieverConfig, retriever) if isinstance(retriever, dict) else retriever
+    return from_dict(RetrieverConfig, retriever) if isinstance(retriever, dict) else retriever
 
 
 @serve.deployment

@@ -11,8 +11,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
-import uuid
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,17 +20,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ziprl.env.types import Passage
+from ziprl.paths import atomic_write_bytes
 
 REQUIRED_FIELDS = ("id", "title", "text")
 
 
 class CorpusError(ValueError):
     """A corpus file is missing or malformed; the message says where and how to fix it."""
-
-
-def cache_root() -> Path:
-    """ZipRL's cache directory: ``$ZIPRL_CACHE_DIR`` or ``~/.cache/ziprl``."""
-    return Path(os.environ.get("ZIPRL_CACHE_DIR") or "~/.cache/ziprl").expanduser()
 
 
 def _read_lines(path: Path) -> Iterator[bytes]:
@@ -168,12 +162,4 @@ def write_corpus(passages: Iterable[Passage], path: str | Path) -> Path:
     data = "".join(json.dumps(_record(x), ensure_ascii=False) + "\n" for x in passages).encode("utf-8")
     if p.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=9, mtime=0)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return p
+    return atomic_write_bytes(p, data)

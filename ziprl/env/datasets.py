@@ -19,6 +19,7 @@ materialised once under ``<cache>/corpora/`` keyed by the source files' hash.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -30,8 +31,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ziprl.env.corpus import cache_root, write_corpus
+from ziprl.config import RetrieverConfig, ZipRLConfig
+from ziprl.env.corpus import write_corpus
 from ziprl.env.types import Passage, QAExample
+from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -450,3 +453,11 @@ def corpus_for(name: str, shared_dir: str | Path | None = None, cache_dir: str |
                 return qa.parent / cand
         raise DatasetError(f"no corpus.jsonl or corpus.jsonl.gz next to {qa}; set retriever.corpus to its corpus")
     raise DatasetError(f"unknown dataset {name!r}; use one of {NAMES}, 'wiki18' or a path to a .jsonl file")
+
+
+def retriever_config_for(cfg: ZipRLConfig) -> RetrieverConfig:
+    """The retriever for the configured dataset: the shipped sample index, or the pooled corpus's index."""
+    r = cfg.retriever
+    if cfg.data.dataset == "sample" or r.corpus or r.index_dir:
+        return r
+    return dataclasses.replace(r, corpus=str(corpus_for(cfg.data.dataset, cfg.data.shared_dir)))

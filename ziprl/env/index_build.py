@@ -11,7 +11,6 @@ resumes from its last checkpoint when run again with the same inputs.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from itertools import islice
@@ -35,12 +34,11 @@ from ziprl.env.index_files import (
     missing_files,
     read_json,
     read_manifest,
-    replace_dir,
     shard_bounds,
     shard_dir,
-    write_json,
 )
 from ziprl.env.passage_store import PassageStore, write_store
+from ziprl.paths import atomic_path, atomic_write_json, replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +241,8 @@ def open_vectors(path: str | Path) -> Vectors:
 
 
 def _write_index(index: faiss.Index, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        faiss.write_index(index, str(tmp))
 
 
 def train_template(index_type: str, source: Vectors, train_size: int, seed: int = 0) -> faiss.Index:
@@ -350,7 +347,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         state = {"build": build, "stored": False, "trained": False, "added": [0] * shards, "files": [None] * shards}
-        write_json(work / PROGRESS_FILE, state)
+        atomic_write_json(work / PROGRESS_FILE, state)
     else:
         log.info("resuming the build in %s (%d of %d vectors added)", work, sum(state["added"]), scan.count)
     bounds = shard_bounds(scan.count, shards)
@@ -361,14 +358,14 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
             part.mkdir(exist_ok=True)
             write_store(islice(passages, b - a), part, scan.id_hashes[a:b])
         state["stored"] = True
-        write_json(work / PROGRESS_FILE, state)
+        atomic_write_json(work / PROGRESS_FILE, state)
     stores = [PassageStore(part) for part in parts]
     if source is None:
         source = EncodedVectors(stores, bounds, encoder, batch_size)
     if not state["trained"]:
         _write_index(train_template(index_type, source, train_size), work / TRAINED_FILE)
         state["trained"] = True
-        write_json(work / PROGRESS_FILE, state)
+        atomic_write_json(work / PROGRESS_FILE, state)
     with tqdm(total=scan.count, initial=sum(state["added"]), desc="adding vectors", unit="vec",
               disable=not progress) as bar:
         for s, (part, (a, b)) in enumerate(zip(parts, bounds, strict=True)):
@@ -381,7 +378,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
                 name = f"index.partial-{added}.faiss"
                 _write_index(idx, part / name)
                 previous, state["files"][s], state["added"][s] = state["files"][s], name, added
-                write_json(work / PROGRESS_FILE, state)
+                atomic_write_json(work / PROGRESS_FILE, state)
                 if previous:
                     (part / previous).unlink(missing_ok=True)
 
@@ -395,14 +392,14 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
                 del stored
             _write_index(index, part / INDEX_FILE)
             previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
-            write_json(work / PROGRESS_FILE, state)
+            atomic_write_json(work / PROGRESS_FILE, state)
             if previous:
                 (part / previous).unlink(missing_ok=True)
             del index
     (work / TRAINED_FILE).unlink(missing_ok=True)
     (work / PROGRESS_FILE).unlink()
     manifest["shard_counts"] = [b - a for a, b in bounds]
-    write_json(work / MANIFEST_FILE, manifest)
+    atomic_write_json(work / MANIFEST_FILE, manifest)
     replace_dir(work, out)
     return out
 
@@ -453,7 +450,7 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
     try:
         write_store((p for _, p in iter_corpus(corpus_path)), work, scan.id_hashes)
         shutil.copyfile(src, work / INDEX_FILE)
-        write_json(work / MANIFEST_FILE, manifest)
+        atomic_write_json(work / MANIFEST_FILE, manifest)
         replace_dir(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -8,9 +8,6 @@ Format 2: ``manifest.json`` (written last) and, for one shard, ``index.faiss`` +
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,26 +53,9 @@ def read_manifest(index_dir: Path) -> dict[str, Any] | None:
     return read_json(index_dir / MANIFEST_FILE)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def missing_files(index_dir: Path, manifest: dict[str, Any] | None) -> list[str]:
     """Files an index directory lacks (relative names); the manifest says how many shards to expect."""
     shards = int((manifest or {}).get("shards", 1))
     files = PART_FILES + ((VECTORS_FILE,) if (manifest or {}).get("store_vectors") else ())
     names = [MANIFEST_FILE] + [str(shard_dir(Path(), s, shards) / f) for s in range(shards) for f in files]
     return [n for n in names if not (index_dir / n).is_file()]
-
-
-def replace_dir(new: Path, dest: Path) -> None:
-    """Move a finished temp dir into place; the old index (if any) is removed only afterwards."""
-    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}") if dest.exists() else None
-    if old is not None:
-        dest.rename(old)
-    new.rename(dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

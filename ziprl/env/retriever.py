@@ -20,7 +20,6 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from ziprl.env.corpus import cache_root
 from ziprl.env.encoder import DEFAULT_ENCODER_ID, Encoder, default_model_dir
 from ziprl.env.index_build import adopt_index, build_index, factory_string, set_search_params, to_gpu
 from ziprl.env.index_files import (
@@ -36,6 +35,7 @@ from ziprl.env.index_files import (
 )
 from ziprl.env.passage_store import PassageStore, passage_text
 from ziprl.env.types import Hit, Passage
+from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)
 

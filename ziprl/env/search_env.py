@@ -8,7 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, _from_dict, check_top_k
+from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, check_top_k, from_dict
 from ziprl.env.context import ContextState, Observation
 from ziprl.env.noise import check_noise_retriever, inject_noise, noise_rng
 from ziprl.env.prompts import system_prompt
@@ -63,12 +63,12 @@ class SearchCompressEnv(gym.Env):
         retriever_config: RetrieverConfig | dict | None = None,
         render_mode: str | None = None,
     ):
-        self.config = _from_dict(EnvConfig, config) if isinstance(config, dict) else (config or EnvConfig())
+        self.config = from_dict(EnvConfig, config) if isinstance(config, dict) else (config or EnvConfig())
         ZipRLConfig(env=self.config).validate()
         if retriever is not None and hasattr(retriever, "__len__"):
             check_top_k(self.config, len(retriever))
         if isinstance(retriever_config, dict):
-            retriever_config = _from_dict(RetrieverConfig, retriever_config)
+            retriever_config = from_dict(RetrieverConfig, retriever_config)
         self._retriever = retriever
         self._retriever_config = retriever_config or RetrieverConfig()
         self._examples = examples

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from ziprl.config import DataConfig, ModelConfig, _from_dict
+from ziprl.config import DataConfig, ModelConfig, from_dict
 from ziprl.env.chat import chat_ids
 from ziprl.env.protocol import HIT_LINE_RE, escape, parse_hits
 from ziprl.env.scripted import extractive_note
@@ -256,7 +256,7 @@ def make_tokenized_env(config: dict[str, Any] | None = None) -> TokenizedSearchC
     if config.get("data") is not None:
         from ziprl.env.datasets import load_dataset
 
-        d = _from_dict(DataConfig, config["data"], "data")
+        d = from_dict(DataConfig, config["data"], "data")
         examples = load_dataset(d.dataset, d.shared_dir, d.limit, d.seed)
     env = SearchCompressEnv(config=config.get("env"), retriever_config=config.get("retriever"), examples=examples)
     n = int(config.get("num_candidates", 8))

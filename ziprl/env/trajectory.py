@@ -9,6 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ziprl.paths import atomic_path
+
 
 @dataclass
 class Turn:
@@ -115,10 +117,8 @@ def from_table(table: pa.Table) -> list[Trajectory]:
 def save_trajectories(trajectories: list[Trajectory], path: str | Path) -> Path:
     """Write to Parquet atomically (temp file, then rename), so a crash never leaves a torn file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    pq.write_table(to_table(trajectories), tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(to_table(trajectories), tmp)
     return path
 
 

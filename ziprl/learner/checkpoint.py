@@ -20,11 +20,9 @@ checkpoint resumes under any ZeRO stage or number of ranks. RNG states are rank 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ziprl.learner.distributed import rank, world_size
+from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors
 
 if TYPE_CHECKING:
@@ -86,26 +85,12 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
 
     final = root / f"step_{trainer.global_step}-{uuid.uuid4().hex[:8]}"
     if rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-        try:
+        with atomic_dir(final) as tmp:
             save_file(weights, tmp / "model.safetensors")
             save_file(moments, tmp / "optimizer.safetensors")
             save_file(rng, tmp / "rng.safetensors")
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            for name in FILES:
-                _fsync(tmp / name)
-            _fsync(tmp)
-            tmp.rename(final)
-            _fsync(root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        _fsync(pointer)
-        os.replace(pointer, root / LATEST)
-        _fsync(root)
+        atomic_write_text(root / LATEST, final.name + "\n")
         if keep is not None:
             prune(root, keep)
     if world_size() > 1:
@@ -170,14 +155,6 @@ def verify_checkpoint(path: str | Path) -> Path:
         raise ValueError(f"checkpoint {path}: state.json lacks the fields {needed}")
     return path
 
-
-def _fsync(path: Path) -> None:
-    """Flush a file's or a directory's contents to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.config import ModelConfig
-from ziprl.policy.models import cache_root, resolve_device
+from ziprl.paths import cache_root
+from ziprl.policy.models import resolve_device
 
 INSTALL_HINT = "the learner runs on DeepSpeed: pip install 'ziprl[deepspeed]' (DS_BUILD_OPS=0 on CPU machines)"
 
@@ -46,7 +47,7 @@ def extensions_dir(model_cfg: ModelConfig | None = None) -> Path:
     """Where DeepSpeed's JIT-built ops live: ``$TORCH_EXTENSIONS_DIR`` if set, else the ZipRL cache."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    return cache_root(model_cfg or ModelConfig()) / "torch_extensions"
+    return cache_root((model_cfg or ModelConfig()).cache_dir) / "torch_extensions"
 
 
 def import_deepspeed(model_cfg: ModelConfig | None = None) -> Any:

@@ -5,15 +5,15 @@ policy saw at that turn) and ``response`` (the assistant text). Its training row
 ``chat_template(messages, add_generation_prompt=True) + tokens(response) + end-of-turn``, with the loss on the
 response and end-of-turn tokens only, exactly the tokens the policy generates at that turn.
 
-``python -m ziprl.sft --demos FILE --out DIR [--config YAML] [--set section.field=value ...]`` trains
-``sft.epochs`` epochs (``sft.micro_batch`` rows per optimiser step, lr ``sft.lr``), logs TensorBoard scalars to
-``DIR/tb`` and writes the model to ``DIR/model``.
+:func:`run_sft` (``python -m ziprl.sft --demos FILE --out DIR``) trains ``sft.epochs`` epochs (``sft.micro_batch``
+rows per optimiser step, lr ``sft.lr``), logs TensorBoard scalars to ``DIR/tb`` and writes the model to
+``DIR/model``. :func:`stage1_dir` is where ``launch`` caches Stage 1 (demos + SFT) per configuration.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import ZipRLConfig, load_config
+from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
-from ziprl.errors import run_command
+from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -161,18 +161,9 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path) -> Pa
     return trainer.save_pretrained(out_dir / "model")
 
 
-@run_command
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ziprl.sft", description="Cold-start SFT on demo transitions.")
-    parser.add_argument("--demos", required=True, help="demo Parquet file (columns: messages, response)")
-    parser.add_argument("--out", required=True, help="run directory: writes <out>/model and <out>/tb")
-    parser.add_argument("--config", default=None, help="YAML config file")
-    parser.add_argument("--set", action="append", default=[], metavar="section.field=value", help="config override")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    model = run_sft(load_config(args.config, args.set), args.demos, args.out)
-    print(model)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def stage1_dir(cfg: ZipRLConfig) -> Path:
+    """Cache directory of Stage 1 for this configuration (demos, SFT, env and model settings)."""
+    key = json.dumps({"demos": dataclasses.asdict(cfg.demos) | {"out": None}, "sft": dataclasses.asdict(cfg.sft),
+                      "env": dataclasses.asdict(cfg.env), "model": cfg.model.path, "seed": cfg.learner.seed,
+                      "retriever": dataclasses.asdict(cfg.retriever)}, sort_keys=True)
+    return cache_root(cfg.model.cache_dir) / "stage1" / hashlib.sha256(key.encode()).hexdigest()[:12]

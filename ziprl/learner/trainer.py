@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -47,6 +45,7 @@ from ziprl.learner.batch import (
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.losses import policy_loss
+from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
 
 if TYPE_CHECKING:
@@ -272,26 +271,10 @@ class Trainer:
         with self.gathered():
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
         if rank() == 0:
-            out_dir.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-            try:
+            with atomic_dir(out_dir) as tmp:
                 self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
                 self.tokenizer.save_pretrained(tmp)
-                replace_dir(tmp, out_dir)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
         if world_size() > 1:
             torch.distributed.barrier()
         return out_dir
 
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move directory ``src`` to ``dst``, replacing an existing ``dst`` (old one moved aside, then removed)."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{time.time_ns()}")
-        dst.rename(old)
-    src.rename(dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

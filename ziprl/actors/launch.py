@@ -1,0 +1,77 @@
+"""Training on Ray, following the paper's Algorithm 1 (``python -m ziprl.launch`` runs :func:`launch`).
+
+Stage 1 (skipped when ``run.sft_checkpoint`` is set): synthesise scripted-teacher demonstrations and fine-tune
+the policy on them on the learner ranks; cached by configuration (:func:`ziprl.learner.sft.stage1_dir`).
+Stage 2: GRPO + HRR with rollout actors, a Ray Serve retriever and the DeepSpeed learner ranks, driven by the
+one training loop (:func:`ziprl.learner.loop.train_loop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from ziprl.actors.driver import RayLearner, RaySource, check_gpus
+from ziprl.actors.learner_actor import LearnerGroup
+from ziprl.actors.ray_utils import init_ray
+from ziprl.actors.serve_retriever import deploy_retriever
+from ziprl.config import ZipRLConfig
+from ziprl.env.datasets import load_dataset, retriever_config_for
+from ziprl.env.demos import build_demos
+from ziprl.learner.loop import train_loop
+from ziprl.learner.sft import stage1_dir
+from ziprl.rundir import write_config
+from ziprl.stream import QuestionStream
+from ziprl.tb import MetricsLogger
+
+
+def run_stage1(cfg: ZipRLConfig) -> Path:
+    """Demo synthesis + SFT (on the learner ranks), cached; returns the SFT model directory."""
+    root = stage1_dir(cfg)
+    model = root / "model"
+    if (model / "config.json").is_file():
+        print(f"[launch] Stage 1: reusing the cached SFT model {model}", flush=True)
+        return model
+    cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
+    t0 = time.perf_counter()
+    path, counts = build_demos(cfg1)
+    print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
+          f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
+    cpus = cfg.ray.learner_cpus
+    if cfg.ray.address is None:  # a local cluster runs nothing else during Stage 1: give SFT every core
+        cpus = max(cpus, ray.cluster_resources().get("CPU", 1.0) / cfg.ray.learner_ranks)
+    group = LearnerGroup(cfg1, cfg.ray.learner_ranks, cpus, cfg.ray.learner_gpus)
+    try:
+        return Path(group.call("sft", str(path), str(root)))
+    finally:
+        group.shutdown()
+
+
+def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
+    """Start or join Ray, run Stage 1 if needed, then Stage 2; returns the last step's metrics."""
+    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    out = Path(cfg.run.out_dir)
+    write_config(out, cfg.to_dict())
+    init_ray(cfg.ray)
+    logger = MetricsLogger(out)
+    source = None
+    try:
+        check_gpus(cfg)
+        model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
+        print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
+        group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+        group.call("build_trainer", str(model))
+        source = RaySource(cfg, model, deploy_retriever(retriever_config_for(cfg), cfg.ray), group)
+        metrics = train_loop(cfg, RayLearner(group), source, QuestionStream(examples, cfg.data.seed), logger, progress)
+        print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)
+        return metrics
+    finally:
+        logger.close()
+        if source is not None:
+            source.close()
+        serve.shutdown()
+        ray.shutdown()

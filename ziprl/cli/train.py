@@ -1,0 +1,42 @@
+"""Single-process ZipRL training (no Ray): the training loop with this process's engine as the rollout source.
+
+    python -m ziprl.train [--config FILE.yaml] [--steps N] [--out runs/train] [--resume | --overwrite]
+                          [--sft-checkpoint DIR] [--set section.field=value ...]
+
+For debugging and small runs (the library is :mod:`ziprl.learner.in_process`); ``python -m ziprl.launch`` runs
+the same loop (``ziprl.learner.loop``) with Ray rollout actors. Each step writes its trajectories (Parquet), TensorBoard scalars and, every
+``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ziprl.cli.common import add_run_arguments, overrides, run_flags
+from ziprl.config import ConfigError, load_config
+from ziprl.errors import run_command
+from ziprl.learner.in_process import train
+from ziprl.policy.models import check_model_paths
+from ziprl.rundir import prepare_run_dir
+
+
+@run_command
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config, overrides(run_flags(args), args.set))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
+    prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    last = train(cfg)
+    print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

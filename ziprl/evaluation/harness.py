@@ -1,0 +1,82 @@
+"""Evaluate a policy in SearchCompressEnv the way the paper reports it (``python -m ziprl.eval``).
+
+:func:`evaluate` rolls out every strategy on the same questions and writes ``report.json``, ``report.md``,
+``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file per strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ziprl.config import ZipRLConfig, check_top_k
+from ziprl.env.stats import trajectory_stats
+from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
+
+COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
+           ("finish_rate", "finish rate"), ("format_error_rate", "format errors/turn"),
+           ("prompt_tokens_per_turn", "prompt tok/turn"), ("tokens_per_trajectory", "tok/trajectory"), ("q_com", "Q_com")]
+
+
+def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
+    lines = [f"Dataset: `{dataset}`", "", "| strategy | " + " | ".join(c[1] for c in COLUMNS) + " | levels 1-5 |",
+             "|---" * (len(COLUMNS) + 2) + "|"]
+    for strategy, s in rows.items():
+        levels = "/".join(f"{s[f'level_{g}_frac']:.2f}" for g in range(1, 6))
+        lines.append(f"| {strategy} | " + " | ".join(f"{s[k]:.3g}" for k, _ in COLUMNS) + f" | {levels} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_eval_setup(cfg: ZipRLConfig) -> tuple[list, Any, Any]:
+    """The questions, retriever and generation engine an evaluation runs with."""
+    from ziprl.env.datasets import load_dataset, retriever_config_for
+    from ziprl.env.retriever import Retriever
+    from ziprl.policy import make_engine
+
+    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    retriever = Retriever.from_config(retriever_config_for(cfg))
+    check_top_k(cfg.env, retriever.num_docs)
+    return examples, retriever, make_engine(cfg.model)
+
+
+def run_strategy(cfg: ZipRLConfig, strategy: str, setup: tuple[list, Any, Any], progress: bool = True,
+                 ) -> tuple[dict[str, float], list[Trajectory]]:
+    """Roll out one strategy (with ``cfg.env``'s other settings) on every question; its stats and trajectories."""
+    from ziprl.env import SearchCompressEnv
+    from ziprl.policy.rollout import rollout
+
+    examples, retriever, engine = setup
+    env_cfg = dataclasses.replace(cfg.env, strategy=strategy)
+    t0 = time.perf_counter()
+    trajs = rollout(engine, lambda ec=env_cfg: SearchCompressEnv(ec, retriever=retriever, examples=examples),
+                    examples, cfg.sampling, group_size=cfg.rollout.group_size, seed=cfg.data.seed, progress=progress)
+    stats = trajectory_stats(trajs)
+    stats["seconds"] = time.perf_counter() - t0
+    return stats, trajs
+
+
+def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True) -> dict[str, dict[str, float]]:
+    """Roll out every strategy on the same questions; write report, plots and trajectories."""
+    setup = load_eval_setup(cfg)
+    examples = setup[0]
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict[str, float]] = {}
+    all_trajs: dict[str, list[Trajectory]] = {}
+    for strategy in strategies:
+        stats, trajs = run_strategy(cfg, strategy, setup, progress)
+        rows[strategy], all_trajs[strategy] = stats, trajs
+        save_trajectories(trajs, out / f"trajectories_{strategy}.parquet")
+        print(f"[eval] {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} turns={stats['turns']:.2f} "
+              f"format_errors/turn={stats['format_error_rate']:.2f} ({stats['seconds']:.0f}s)", flush=True)
+    report = {"dataset": cfg.data.dataset, "questions": len(examples), "config": cfg.to_dict(), "results": rows}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown_report(cfg.data.dataset, rows))
+    plot_tokens_per_turn({s: tokens_per_turn(t) for s, t in all_trajs.items()}, out / "tokens_per_turn.png",
+                         f"Prompt tokens per turn ({cfg.data.dataset})")
+    plot_levels({s: [rows[s][f"level_{g}_frac"] for g in range(1, 6)] for s in rows}, out / "levels.png",
+                "Chosen compression levels")
+    return rows

@@ -1,0 +1,113 @@
+"""Where ZipRL keeps its files, and how it writes them so that a crash never leaves a torn one.
+
+- :func:`cache_root`: the one cache directory (converted models, corpora, indexes, Stage 1 runs, DeepSpeed's
+  compiled ops): ``$ZIPRL_CACHE``, else the configured ``model.cache_dir`` (default ``~/.cache/ziprl``).
+  The old variable ``ZIPRL_CACHE_DIR`` is still read, with a DeprecationWarning, when ``ZIPRL_CACHE`` is unset.
+- :func:`atomic_path` and its text / bytes / JSON variants: write beside the destination, fsync, rename onto it;
+  the destination holds the old content or the new one, never a mix, and a failed write leaves no temp file.
+- :func:`atomic_dir` and :func:`replace_dir`: the same for whole directories (checkpoints, models, indexes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "ZIPRL_CACHE"
+DEPRECATED_CACHE_ENV = "ZIPRL_CACHE_DIR"
+DEFAULT_CACHE = "~/.cache/ziprl"
+
+
+def cache_root(default: str | Path = DEFAULT_CACHE) -> Path:
+    """ZipRL's cache directory: ``$ZIPRL_CACHE``, else ``$ZIPRL_CACHE_DIR`` (deprecated), else ``default``."""
+    value = os.environ.get(CACHE_ENV)
+    old = os.environ.get(DEPRECATED_CACHE_ENV)
+    if old:
+        used = "ignored because ZIPRL_CACHE is set" if value else "still read for now"
+        warnings.warn(f"{DEPRECATED_CACHE_ENV} is deprecated ({used}): set {CACHE_ENV} instead",
+                      DeprecationWarning, stacklevel=2)
+    return Path(value or old or default).expanduser()
+
+
+def fsync(path: str | Path) -> None:
+    """Flush a file's or a directory's contents to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path beside ``path`` for the caller to write; fsynced and renamed onto ``path`` on success.
+
+    On an exception the temp file is removed and ``path`` keeps its old content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns ``path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; returns ``path``."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented UTF-8 JSON (one trailing newline) to ``path`` atomically; returns ``path``."""
+    return atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory ``src`` onto ``dst``; an existing ``dst`` is moved aside first and removed only afterwards."""
+    old = dst.with_name(f".{dst.name}.old-{uuid.uuid4().hex[:8]}") if dst.exists() else None
+    if old is not None:
+        dst.rename(old)
+    src.rename(dst)
+    fsync(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A temp directory beside ``path`` for the caller to fill; fsynced and moved onto ``path`` on success.
+
+    On an exception the temp directory is removed and ``path`` keeps its old content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            fsync(f)
+        fsync(tmp)
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
