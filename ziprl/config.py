@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = ("adaptive", "uniform", "react", "summary")
+from ziprl.registry import REWARDS, STRATEGIES
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
 
@@ -61,12 +62,12 @@ class RetrieverConfig:
 class EnvConfig:
     """SearchCompressEnv: tools, limits, reward and context strategy."""
 
-    strategy: str = "adaptive"  # adaptive | uniform | react | summary
+    strategy: str = "adaptive"  # a registered context strategy: adaptive | uniform | react | summary
     uniform_level: int = 3  # the one level used by the `uniform` strategy
     top_k: int = 5
     max_turns: int = 6  # paper: 20
     open_max_chars: int = 3000  # open_page truncates the passage to this many characters
-    reward: str = "em"  # em | f1
+    reward: str = "em"  # a registered outcome reward: em | f1
     max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
     memory_max_chars: int | None = None  # newest notes that fit; None = 2x level 5's (scaled) range, 0 = no bound
     retrieval_noise: float = 0.0  # probability that each search hit is replaced by a random corpus passage (paper App. noise)
@@ -95,7 +96,7 @@ class SamplingConfig:
     top_p: float = 1.0
     greedy: bool = False
     max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=lambda: ["</search>", "</open>", "</answer>"])
+    stop: list[str] | None = None  # None = the closing tag of every registered tool (</search>, </open>, </answer>)
 
 
 @dataclass
@@ -241,11 +242,12 @@ class ZipRLConfig:
             (self.ray.http_port is None or self.ray.http_host in LOOPBACK or bool(os.environ.get(HTTP_TOKEN_ENV)),
              f"ray.http_host={self.ray.http_host} exposes the retriever beyond this machine: set {HTTP_TOKEN_ENV} to a "
              "secret token (clients send 'Authorization: Bearer <token>'), or bind ray.http_host=127.0.0.1"),
-            (e.strategy in STRATEGIES, f"env.strategy must be one of {STRATEGIES}, got {e.strategy!r}"),
+            (e.strategy in STRATEGIES, f"env.strategy must be a registered strategy ({', '.join(STRATEGIES)}), "
+             f"got {e.strategy!r}"),
             (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
             (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
             (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
-            (e.reward in ("em", "f1"), f"env.reward must be 'em' or 'f1', got {e.reward!r}"),
+            (e.reward in REWARDS, f"env.reward must be a registered reward ({', '.join(REWARDS)}), got {e.reward!r}"),
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
             (0.0 <= e.retrieval_noise <= 1.0, f"env.retrieval_noise must be in [0, 1], got {e.retrieval_noise}"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
