@@ -64,6 +64,7 @@ class EnvConfig:
 
     strategy: str = "adaptive"  # a registered context strategy: adaptive | uniform | react | summary
     uniform_level: int = 3  # the one level used by the `uniform` strategy
+    window_size: int = 3  # raw observations the `window` strategy keeps (the newest; older ones are dropped)
     top_k: int = 5
     max_turns: int = 6  # paper: 20
     open_max_chars: int = 3000  # open_page truncates the passage to this many characters
@@ -245,6 +246,7 @@ class ZipRLConfig:
             (e.strategy in STRATEGIES, f"env.strategy must be a registered strategy ({', '.join(STRATEGIES)}), "
              f"got {e.strategy!r}"),
             (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
+            (e.window_size >= 1, f"env.window_size must be >= 1, got {e.window_size}"),
             (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
             (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
             (e.reward in REWARDS, f"env.reward must be a registered reward ({', '.join(REWARDS)}), got {e.reward!r}"),
