@@ -48,6 +48,22 @@ def test_a_new_file_in_the_package_registers_itself(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
+def test_a_broken_plug_in_fails_every_lookup(tmp_path, monkeypatch):
+    pkg = tmp_path / "broken_plugs_for_test"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bad.py").write_text("raise ImportError('needs the foo package')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("plug", "broken_plugs_for_test")
+    try:
+        for _ in range(2):
+            with pytest.raises(ImportError, match="needs the foo package"):
+                reg.names()
+    finally:
+        for name in [m for m in sys.modules if m.startswith("broken_plugs_for_test")]:
+            del sys.modules[name]
+
+
 def test_names_must_be_identifiers():
     with pytest.raises(ValueError, match="lower-case identifier"):
         Registry("thing", "nowhere").register("Bad-Name")

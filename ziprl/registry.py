@@ -42,10 +42,14 @@ class Registry(Mapping[str, Any]):
     def _load(self) -> dict[str, tuple[int, Any]]:
         if not self._loaded:
             self._loaded = True  # set first: a plugin module may look the registry up while it is imported
-            pkg = importlib.import_module(self.package)
-            for mod in pkgutil.iter_modules(pkg.__path__):
-                if not mod.name.startswith("_"):
-                    importlib.import_module(f"{self.package}.{mod.name}")
+            try:
+                pkg = importlib.import_module(self.package)
+                for mod in pkgutil.iter_modules(pkg.__path__):
+                    if not mod.name.startswith("_"):
+                        importlib.import_module(f"{self.package}.{mod.name}")
+            except BaseException:
+                self._loaded = False  # a plug-in that fails to import fails every lookup, never half a registry
+                raise
         return self._entries
 
     def names(self) -> tuple[str, ...]:
