@@ -56,7 +56,7 @@ def main() -> None:
               suppress_health_check=list(HealthCheck))
     @given(turns)
     def play(text: str) -> None:
-        strategy = STRATEGIES[n[0] % len(STRATEGIES)]
+        strategy = STRATEGIES.names()[n[0] % len(STRATEGIES)]
         n[0] += 1
         env, c = envs[strategy], counts[strategy]
         c["turns"] += 1

@@ -13,9 +13,10 @@ from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
 from ziprl.env.retriever import Retriever
 from ziprl.env.types import QAExample
+from ziprl.registry import STRATEGIES as REGISTERED
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
-STRATEGIES = ["adaptive", "uniform", "react", "summary"]
+STRATEGIES = REGISTERED.names()  # every registered strategy, plug-ins included
 
 
 @pytest.fixture(scope="module")

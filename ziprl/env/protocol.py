@@ -6,7 +6,7 @@ A well-formed turn is (text outside the tags is ignored)::
     <compress level="3">summary of the pending observation</compress>
     <search>query</search>  |  <open>doc-id</open>  |  <answer>final answer</answer>
 
-Parsing never raises: every problem becomes ``ParsedTurn.error``, a message meant for the agent.
+The action tags are the registered tools (:data:`ziprl.registry.TOOLS`). Parsing never raises: every problem becomes ``ParsedTurn.error``, a message meant for the agent.
 
 Text from outside the model (passages, titles, tool results, teacher notes, the question) passes through
 :func:`escape` before it enters a prompt or a training target; :func:`scrub` is its first half, for raw text an
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-ACTIONS = ("search", "open", "answer")
-TAGS = ("think", "compress", *ACTIONS)
+from ziprl.registry import TOOLS
 
-_TAG_RE = re.compile(r"<(/?)(think|compress|search|open|answer)\b([^<>]*)>", re.IGNORECASE)
 _LEVEL_RE = re.compile(r"""^\s*level\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+))\s*$""", re.IGNORECASE)
 _ASCII_LEVEL_RE = re.compile(r"^[ \t]*([1-5])[ \t]*$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
@@ -40,6 +39,11 @@ class ParsedTurn:
     compression: str | None = None  # text of the <compress> block, None if absent
     level: int | None = None
     error: str | None = None
+
+
+@lru_cache(maxsize=8)
+def _tag_re(actions: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(rf"<(/?)({'|'.join(('think', 'compress', *actions))})\b([^<>]*)>", re.IGNORECASE)
 
 
 def scrub(text: str) -> str:
@@ -95,9 +99,10 @@ def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
         return ParsedTurn(error=f"the response must be text, got {type(text).__name__}")
     if len(text) > max_chars:
         return ParsedTurn(error=f"the response is {len(text)} characters; the limit is {max_chars}")
+    actions_known = TOOLS.names()
     blocks: list[tuple[str, str, str]] = []  # (tag, attrs, content)
     open_tag: tuple[str, str, int] | None = None
-    for m in _TAG_RE.finditer(text):
+    for m in _tag_re(actions_known).finditer(text):
         closing, name, attrs = m.group(1) == "/", m.group(2).lower(), m.group(3)
         if open_tag is None:
             if closing:
@@ -112,7 +117,7 @@ def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
         return ParsedTurn(error=f"<{open_tag[0]}> is never closed; close it with </{open_tag[0]}>")
 
     compress = [b for b in blocks if b[0] == "compress"]
-    actions = [b for b in blocks if b[0] in ACTIONS]
+    actions = [b for b in blocks if b[0] in actions_known]
     compression, level, error = None, None, None
     if len(compress) > 1:
         error = f"write exactly one <compress> block per turn, found {len(compress)}"
@@ -120,7 +125,7 @@ def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
         compression = compress[0][2].strip()
         level, error = _parse_level(compress[0][1])
     if error is None and not actions:
-        error = "no action: end the turn with exactly one of <search>…</search>, <open>…</open>, <answer>…</answer>"
+        error = "no action: end the turn with exactly one of " + ", ".join(f"<{a}>…</{a}>" for a in actions_known)
     elif error is None and len(actions) > 1:
         names = ", ".join(f"<{a[0]}>" for a in actions)
         error = f"exactly one action per turn, found {len(actions)} ({names})"

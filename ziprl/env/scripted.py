@@ -80,7 +80,7 @@ class ScriptedTeacher:
 
     def _note(self, env: SearchCompressEnv, obs: Observation) -> tuple[int, str]:
         ex, scale = env.example, env.config.scoring.level_scale
-        level = env.config.uniform_level if env.config.strategy == "uniform" else relevance_level(ex.question, ex.answers, obs.text)
+        level = env.strategy.fixed_level or relevance_level(ex.question, ex.answers, obs.text)
         spec = level_spec(level, scale)
         text = obs.text.replace(f"{HIT_MARK} ", "")  # hit lines read as "[doc-id] Title"
         return level, extractive_note(ex.question, ex.answers, text, spec.char_low, spec.char_high)

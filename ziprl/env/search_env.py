@@ -9,15 +9,15 @@ from typing import Any
 import gymnasium as gym
 
 from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, check_top_k, from_dict
-from ziprl.env.context import ContextState, Observation
-from ziprl.env.noise import check_noise_retriever, inject_noise, noise_rng
-from ziprl.env.prompts import system_prompt
-from ziprl.env.protocol import ParsedTurn, format_hits, format_passage, parse_turn, scrub, unescape
+from ziprl.env.context import ContextState, Strategy
+from ziprl.env.noise import check_noise_retriever, noise_rng
+from ziprl.env.protocol import ParsedTurn, parse_turn, scrub, unescape
+from ziprl.env.tools import Tool, ToolResult
 from ziprl.env.types import QAExample, RetrieverLike
-from ziprl.scoring import CompressionScore, compression_quality, exact_match, f1_score, level_spec
+from ziprl.registry import STRATEGIES, TOOLS
+from ziprl.scoring import CompressionScore, compression_quality
 
 MAX_TEXT = 10_000_000
-COMPRESSING = ("adaptive", "uniform")
 _ZERO = CompressionScore(ratio=0.0, level=0.0, info=0.0, sem=0.0, total=0.0)
 
 
@@ -49,7 +49,8 @@ def _as_example(obj: Any) -> QAExample:
 class SearchCompressEnv(gym.Env):
     """One question per episode; each step takes one assistant turn (text) and returns the next prompt.
 
-    Reward is 0 until ``<answer>``, then EM or F1 against the gold answers (``config.reward``).
+    Reward is 0 until ``<answer>``, then the outcome reward ``config.reward`` (EM, F1, ...) against the gold
+    answers. The context strategy (``config.strategy``) and the tools come from :mod:`ziprl.registry`.
     ``info`` carries the turn's action, level, Q_com and its parts, errors, sizes and the next chat ``messages``.
     """
 
@@ -75,16 +76,15 @@ class SearchCompressEnv(gym.Env):
         self.render_mode = render_mode
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
-        c = self.config
-        self.system = system_prompt(c.strategy, top_k=c.top_k, max_turns=c.max_turns,
-                                    level_scale=c.scoring.level_scale, uniform_level=c.uniform_level)
+        self.strategy: Strategy = STRATEGIES[self.config.strategy](self.config)
+        self.tools: dict[str, Tool] = {name: TOOLS[name]() for name in TOOLS}
+        self.system = self.strategy.system_prompt()
         self.example: QAExample | None = None
         self.context: ContextState | None = None
         self.turn = 0
         self._done = True
         self._last_obs = ""
-        self._noise = None  # the episode's noise stream (env.retrieval_noise), spawned at reset
-        self._retrieved: tuple[int, list[str]] = (0, [])  # this turn: passages retrieved, ids of injected ones
+        self.noise = None  # the episode's noise stream (env.retrieval_noise), spawned at reset
 
     @property
     def retriever(self) -> RetrieverLike:
@@ -104,7 +104,7 @@ class SearchCompressEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        self._noise = noise_rng(self.np_random.bit_generator.seed_seq)
+        self.noise = noise_rng(self.np_random.bit_generator.seed_seq)
         if self.config.retrieval_noise > 0:
             check_noise_retriever(self.retriever)
         options = options or {}
@@ -114,11 +114,7 @@ class SearchCompressEnv(gym.Env):
             self.example = self.examples[int(options["index"])]
         else:
             self.example = self.examples[int(self.np_random.integers(len(self.examples)))]
-        c = self.config
-        budget = c.memory_max_chars
-        if budget is None:
-            budget = 2 * level_spec(5, c.scoring.level_scale).char_high
-        self.context = ContextState(c.strategy, self.example.question, c.scoring.level_scale, budget)
+        self.context = self.strategy.new_context(self.example.question)
         self.turn, self._done = 0, False
         messages = self.messages()
         self._last_obs = render_messages(messages)
@@ -137,37 +133,20 @@ class SearchCompressEnv(gym.Env):
     def _score(self, parsed: ParsedTurn) -> CompressionScore | None:
         """Q_com of this turn's compression against the pending raw observation (None if nothing was pending)."""
         c, pending = self.config, self.context.pending
-        if pending is None or c.strategy not in COMPRESSING and parsed.compression is None:
+        if pending is None or not self.strategy.compresses and parsed.compression is None:
             return None
-        level = c.uniform_level if c.strategy == "uniform" else parsed.level
+        level = self.strategy.level(parsed.level)
         if parsed.compression is None or level is None:
             return _ZERO  # owed a compression, gave no valid one
         return compression_quality(self.example.question, pending.text, unescape(parsed.compression), level,
                                    level_scale=c.scoring.level_scale, weights=c.scoring)
 
-    def _act(self, parsed: ParsedTurn) -> tuple[Observation | None, str | None, float, dict[str, float]]:
-        """Run the tool; returns (new observation, tool error, reward, answer metrics)."""
-        c, arg = self.config, unescape(parsed.argument)
-        if parsed.action == "answer":
-            em, f1 = exact_match(arg, self.example.answers), f1_score(arg, self.example.answers)
-            return None, None, (em if c.reward == "em" else f1), {"em": em, "f1": f1}
+    def _act(self, parsed: ParsedTurn) -> ToolResult:
+        """Run the turn's tool; a ValueError it raises becomes a tool error for the agent."""
         try:
-            if parsed.action == "search":
-                hits, injected = inject_noise(self.retriever.search([arg], c.top_k)[0], c.retrieval_noise,
-                                              self.retriever, self._noise)
-                self._retrieved = (len(hits), injected)
-                text = format_hits(hits)
-                return Observation(self.turn, f'search "{arg[:200]}"', text), None, 0.0, {}
-            try:
-                p = self.retriever.open(arg)
-            except KeyError:
-                p = self.retriever.open(parsed.argument)  # the id as written, if it holds '&'
-            self._retrieved = (1, [])  # open is not noised: an id always opens its own passage
-            return Observation(self.turn, f"open {arg[:200]}", format_passage(p, c.open_max_chars)), None, 0.0, {}
-        except KeyError:
-            return None, f"no document with id {arg[:200]!r}; open an id shown in search results", 0.0, {}
+            return self.tools[parsed.action].run(self, unescape(parsed.argument), parsed.argument)
         except ValueError as exc:
-            return None, f"the {parsed.action} tool rejected the request: {exc}", 0.0, {}
+            return ToolResult(error=f"the {parsed.action} tool rejected the request: {exc}")
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -175,23 +154,21 @@ class SearchCompressEnv(gym.Env):
         c, ctx = self.config, self.context
         self.turn += 1
         action = scrub(action) if isinstance(action, str) else action  # lone surrogates never reach a tokenizer
-        self._retrieved = (0, [])
         parsed = parse_turn(action, c.max_response_chars)
-        if parsed.error is None and c.strategy in COMPRESSING and parsed.compression is None:
+        if parsed.error is None and self.strategy.compresses and parsed.compression is None:
             parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')
         score = self._score(parsed)
         observation_chars = len(ctx.pending.text) if ctx.pending else 0
-        reward, terminated, tool_error, metrics = 0.0, False, None, {}
+        result, terminated = ToolResult(), False
         if parsed.error is not None:
             ctx.reject(action if isinstance(action, str) else "", parsed.error)
         else:
-            obs, tool_error, reward, metrics = self._act(parsed)
-            level = c.uniform_level if c.strategy == "uniform" else parsed.level
+            result = self._act(parsed)
             note = unescape(parsed.compression) if parsed.compression else None
-            ctx.commit(self.turn, action, note, level, obs)
-            if tool_error:
-                ctx.notice = tool_error
-            terminated = parsed.action == "answer"
+            ctx.commit(self.turn, action, note, self.strategy.level(parsed.level), result.observation)
+            if result.error:
+                ctx.notice = result.error
+            terminated = self.tools[parsed.action].terminal
         truncated = not terminated and self.turn >= c.max_turns
         self._done = terminated or truncated
         messages = self.messages()
@@ -200,23 +177,23 @@ class SearchCompressEnv(gym.Env):
             "turn": self.turn,
             "action": parsed.action if parsed.error is None else "invalid",
             "argument": parsed.argument,
-            "level": c.uniform_level if c.strategy == "uniform" and parsed.error is None else parsed.level,
+            "level": self.strategy.level(parsed.level) if parsed.error is None else parsed.level,
             "q_com": score.total if score else None,
             "q_ratio": score.ratio if score else None,
             "q_level": score.level if score else None,
             "q_info": score.info if score else None,
             "q_sem": score.sem if score else None,
             "format_error": parsed.error,
-            "tool_error": tool_error,
+            "tool_error": result.error,
             "observation_chars": observation_chars,
             "context_chars": len(self._last_obs),
-            "retrieved": self._retrieved[0],
-            "noisy_hits": len(self._retrieved[1]),
-            "noise_doc_ids": self._retrieved[1],
+            "retrieved": result.retrieved,
+            "noisy_hits": len(result.noise_doc_ids),
+            "noise_doc_ids": result.noise_doc_ids,
             "messages": messages,
-            **metrics,
+            **result.metrics,
         }
-        return self._last_obs, float(reward), terminated, truncated, info
+        return self._last_obs, float(result.reward), terminated, truncated, info
 
     def render(self) -> str | None:
         return self._last_obs if self.render_mode == "ansi" else None

@@ -6,6 +6,7 @@ from collections import Counter
 from statistics import fmean
 
 from ziprl.env.trajectory import Trajectory
+from ziprl.registry import TOOLS
 
 
 def _mean(xs: list[float]) -> float:
@@ -13,7 +14,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def trajectory_stats(trajs: list[Trajectory]) -> dict[str, float]:
-    """EM, F1, reward, behaviour counts, Q_com parts, token sizes and the level distribution."""
+    """EM, F1, reward, calls per question of each tool with a ``stats_key``, Q_com parts, token sizes and the level distribution."""
     turns = [t for tr in trajs for t in tr.turns]
     scored = [t for t in turns if t.q_com is not None]
     levels = Counter(t.level for t in turns if t.level is not None and t.action != "invalid")
@@ -25,8 +26,8 @@ def trajectory_stats(trajs: list[Trajectory]) -> dict[str, float]:
         "f1": _mean([tr.f1 for tr in trajs]),
         "finish_rate": _mean([float(tr.finished) for tr in trajs]),
         "turns": _mean([float(len(tr.turns)) for tr in trajs]),
-        "searches": _mean([float(sum(t.action == "search" for t in tr.turns)) for tr in trajs]),
-        "opens": _mean([float(sum(t.action == "open" for t in tr.turns)) for tr in trajs]),
+        **{TOOLS[name].stats_key: _mean([float(sum(t.action == name for t in tr.turns)) for tr in trajs])
+           for name in TOOLS if TOOLS[name].stats_key},
         "format_error_rate": _mean([float(t.format_error is not None) for t in turns]),
         "prompt_tokens_per_turn": _mean([float(t.prompt_tokens) for t in turns]),
         "response_tokens_per_turn": _mean([float(t.response_tokens) for t in turns]),

@@ -142,7 +142,7 @@ class HeuristicCandidates:
         question, cfg, pending = env.example.question, env.config, env.context.pending
         if pending is None:
             return [(self.levels[0], f"I need to find: {question}")]
-        levels = (cfg.uniform_level,) if cfg.strategy == "uniform" else self.levels
+        levels = (env.strategy.fixed_level,) if env.strategy.fixed_level else self.levels
         text = HIT_LINE_RE.sub(r"\2:", pending.text)  # "‣ [doc-id] Title" headers read as "Title:"
         out = []
         for g in levels:

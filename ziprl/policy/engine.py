@@ -8,6 +8,12 @@ from typing import Any
 
 from ziprl.config import SamplingConfig
 from ziprl.env.chat import chat_ids
+from ziprl.env.tools import closing_tags
+
+
+def stop_strings(sampling: SamplingConfig) -> list[str]:
+    """The non-empty stop strings of ``sampling``; ``stop`` None means every registered tool's closing tag."""
+    return [s for s in (closing_tags() if sampling.stop is None else sampling.stop) if s]
 
 
 @dataclass

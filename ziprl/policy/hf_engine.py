@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ziprl.config import SamplingConfig
-from ziprl.policy.engine import Generation, GenerationEngine
+from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
 from ziprl.policy.models import load_model, load_tokenizer
 
 
@@ -76,7 +76,7 @@ class HFEngine(GenerationEngine):
             gen.seed()
         else:
             gen.manual_seed(seed)
-        stops = [s for s in sampling.stop if s]
+        stops = stop_strings(sampling)
         window = max((len(s.encode()) for s in stops), default=0) + 1  # tokens that can hold a stop string
 
         # Left-padded prefill; position ids count real tokens only, so padding never shifts RoPE.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from ziprl.config import SamplingConfig
+from ziprl.config import ConfigError, SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.env.types import QAExample
@@ -79,5 +79,8 @@ def rollout_groups(engine: GenerationEngine, make_env: Callable[[], SearchCompre
                    sampling: SamplingConfig, group_size: int, seed: int) -> list[list[Trajectory]]:
     """One GRPO group of ``group_size`` trajectories per example, guarding the engine's context length."""
     limit = engine.max_context - sampling.max_new_tokens if engine.max_context else None
+    if limit is not None and limit < 1:
+        raise ConfigError(f"sampling.max_new_tokens={sampling.max_new_tokens} leaves no room for a prompt in the "
+                          f"model's {engine.max_context}-token context; lower sampling.max_new_tokens")
     trajs = rollout(engine, make_env, examples, sampling, group_size=group_size, seed=seed, max_prompt_tokens=limit)
     return [trajs[i * group_size:(i + 1) * group_size] for i in range(len(examples))]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.config import SamplingConfig
-from ziprl.policy.engine import Generation, GenerationEngine
+from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
 
 INSTALL_HINT = (
     "VLLMEngine needs vLLM, which runs only on CUDA GPUs: pip install 'ziprl[gpu]' (or pip install vllm) "
@@ -123,7 +123,7 @@ class VLLMEngine(GenerationEngine):
         greedy = sampling.greedy or sampling.temperature == 0
         params = [  # one seed per prompt: identical prompts in a GRPO group must still differ
             SamplingParams(temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
-                           max_tokens=sampling.max_new_tokens, stop=list(sampling.stop) or None,
+                           max_tokens=sampling.max_new_tokens, stop=stop_strings(sampling) or None,
                            include_stop_str_in_output=True, logprobs=0,
                            seed=None if seed is None else seed + i)
             for i in range(len(prompts))
