@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 
 DIM, K, CHUNK = 384, 10, 65536
-CONFIGS = {  # name: (factory, 1/fraction of IVF lists visited (0 = no IVF), k_factor, exact re-rank from disk)
+CONFIGS = {  # name: (factory, fraction of IVF lists visited (0 = no IVF), k_factor, exact re-rank from disk)
     "flat": ("Flat", 0, 0, False),
     "hnsw": ("HNSW32", 0, 0, False),
-    "ivf-pq48+sq4": ("IVF{nlist},PQ48,Refine(SQ4)", 32, 8, False),
-    "ivf-pq48+sq8": ("IVF{nlist},PQ48,Refine(SQ8)", 32, 8, False),
-    "ivf-pq96fs+disk": ("IVF{nlist},PQ96x4fs", 2, 16, True),  # 4-bit fast-scan PQ; exact scores from vectors.npy
+    "ivf-pq48+sq4": ("IVF{nlist},PQ48,Refine(SQ4)", 1 / 32, 8, False),
+    "ivf-pq48+sq8": ("IVF{nlist},PQ48,Refine(SQ8)", 1 / 32, 8, False),
+    "ivf-pq96fs+disk": ("IVF{nlist},PQ96x4fs", 3 / 4, 16, True),  # 4-bit fast-scan PQ; exact scores from vectors.npy
 }
 WORDS = ["river", "castle", "museum", "treaty", "season", "album", "village", "station", "battle", "novel", "species", "league", "river", "film", "bridge", "dynasty", "election", "island", "poet", "company"]
 
@@ -260,11 +260,6 @@ def nlist_for(n: int) -> int:
     return int(2 ** round(np.log2(np.sqrt(n))))
 
 
-def nprobe_for(n: int) -> int:
-    """Lists visited per query: ~1/32 of them (at least 8)."""
-    return max(8, nlist_for(n) // 32)
-
-
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -310,16 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if args.sweep is not None:  # search-only rows at other nprobe values, on the indexes built by the last run
         last = json.loads((RESULTS / f"{args.name}.json").read_text())
-        rows = [r for r in last["rows"] if r["shards"] == 1 and r["nprobe"] in (0, nprobe_for(n)) or r["shards"] > 1]
-        for r in [r for r in rows if r["nprobe"] == nprobe_for(n) and r["shards"] == 1]:
+        rows = [r for r in last["rows"] if r["build_s"] is not None]  # the built rows, not earlier sweeps
+        for r in [r for r in rows if r["nprobe"] and r["shards"] == 1]:
             for nprobe in args.sweep:
                 print(f"{r['config']} nprobe {nprobe}", flush=True)
                 rows.append({**r, "nprobe": nprobe, "build_s": None, "build_peak_mb": None,
                              **run_worker("search", work, r["config"], 1, nprobe, r["k_factor"])})
         args.configs = []
     for name in args.configs:
-        factory, lists_div, k_factor, store_vectors = CONFIGS[name]
-        factory, nprobe = factory.format(nlist=nlist), max(8, nlist // lists_div) if lists_div else 0
+        factory, lists, k_factor, store_vectors = CONFIGS[name]
+        factory, nprobe = factory.format(nlist=nlist), max(8, round(nlist * lists)) if lists else 0
         for shards in (1, 2) if name in args.sharded else (1,):
             print(f"{name} x{shards}: building {factory}", flush=True)
             row = {"config": name, "factory": factory, "shards": shards, "n": n, "nprobe": nprobe, "k_factor": k_factor}

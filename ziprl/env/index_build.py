@@ -11,6 +11,7 @@ resumes from its last checkpoint when run again with the same inputs.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from itertools import islice
@@ -256,12 +257,38 @@ def train_template(index_type: str, source: Vectors, train_size: int, seed: int 
     return index
 
 
+class VectorWriter:
+    """Appends float32 rows to a ``.npy`` of known final shape with plain writes (no mapped pages to count against
+    the build's memory), from row ``resume_at`` on: rows after it, from an interrupted build, are cut off."""
+
+    def __init__(self, path: Path, rows: int, dim: int, resume_at: int = 0):
+        self._f = open(path, "r+b" if resume_at else "wb")  # noqa: SIM115 (closed by close())
+        if resume_at:
+            np.lib.format.read_magic(self._f)
+            np.lib.format.read_array_header_1_0(self._f)
+        else:
+            np.lib.format.write_array_header_1_0(self._f, {"descr": "<f4", "fortran_order": False, "shape": (rows, dim)})
+        self._f.seek(self._f.tell() + resume_at * dim * 4)
+        self._f.truncate()
+
+    def write(self, rows: np.ndarray) -> None:
+        self._f.write(np.ascontiguousarray(rows, dtype="<f4").tobytes())
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self._f.close()
+
+
 def fill_index(index: faiss.Index, source: Vectors, start: int, stop: int, chunk_size: int, bar: tqdm,
-               checkpoint: Any = None, checkpoint_s: float = 300.0, stored: np.ndarray | None = None) -> faiss.Index:
+               checkpoint: Any = None, checkpoint_s: float = 300.0, stored: VectorWriter | None = None) -> faiss.Index:
     """Add rows ``start..stop-1`` (after the ``index.ntotal`` already added) a chunk at a time.
 
     ``checkpoint(index, added)`` is called every ``checkpoint_s`` seconds (0 = after every chunk).
-    ``stored`` (a writable memmap of ``stop - start`` rows) also receives every added vector.
+    ``stored`` also receives every added vector.
     """
     last = time.monotonic()
     row = start + index.ntotal
@@ -270,7 +297,7 @@ def fill_index(index: faiss.Index, source: Vectors, start: int, stop: int, chunk
         chunk = source.rows(row, end)
         index.add(chunk)
         if stored is not None:
-            stored[row - start:end - start] = chunk
+            stored.write(chunk)
         bar.update(end - row)
         row = end
         if checkpoint is not None and row < stop and time.monotonic() - last >= checkpoint_s:
@@ -382,14 +409,10 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
                 if previous:
                     (part / previous).unlink(missing_ok=True)
 
-            stored = None
-            if store_vectors:
-                stored = np.lib.format.open_memmap(part / VECTORS_FILE, mode="r+" if name else "w+",
-                                                   dtype=np.float32, shape=(b - a, dim))
+            stored = VectorWriter(part / VECTORS_FILE, b - a, dim, index.ntotal) if store_vectors else None
             fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s, stored)
             if stored is not None:
-                stored.flush()
-                del stored
+                stored.close()
             _write_index(index, part / INDEX_FILE)
             previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
             atomic_write_json(work / PROGRESS_FILE, state)
