@@ -1,7 +1,7 @@
 """Weight push: object store vs collective (gloo), 1 and 4 receivers, synthetic bf16 models of 0.1B-1.5B.
 
     nice -n 10 .venv/bin/python benchmarks/weight_sync.py [--sizes 0.1B,0.5B,1.5B] [--receivers 1,4]
-        [--bucket-mb 256] [--repeats 3] [--max-gb 9]
+        [--bucket-mb 256] [--repeats 3] [--max-gb 9] [--name weight_sync]
 
 The sender is the real learner actor class (LearnerWorker, whose ``weight_source`` is replaced by synthetic
 bf16 tensors with the shapes of a Llama/Qwen-style model); the receivers are the real RolloutWorker class
@@ -9,8 +9,10 @@ with a stand-in engine that drops what it is given (the model itself is not what
 through :func:`ziprl.actors.weight_sync.make_weight_sync`, the path the driver takes. One push = from
 ``WeightSync.push`` until every receiver has the weights (``wait=True``). ``fp32_baseline`` rows push the same
 model widened to float32: the bytes of the previous path, which widened bf16 to float32 numpy arrays.
+``cpu_s`` is the CPU time (user + system, via psutil) that the sender and all receivers spent per warm push;
+``cpu_floor_s`` = ``cpu_s`` / the cores: no schedule of that work finishes the push faster on this box.
 Goals: 16-bit pushes move 0.5x the bytes of the fp32 path; collective to 4 receivers <= 1.3x to one.
-Results: benchmarks/results/weight_sync.{json,md,png}.
+Results: benchmarks/results/<--name, default weight_sync>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import ray
 import torch
 from tqdm import tqdm
@@ -95,29 +98,40 @@ class Sink(RolloutWorker):
         return self.engine.bytes
 
 
-def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: float, repeats: int) -> dict:
+def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: float, repeats: int,
+            cores: int) -> dict:
     cfg = ZipRLConfig()
     cfg.model.dtype = dtype
     cfg.weights.transport, cfg.weights.bucket_mb, cfg.weights.rendezvous_timeout_s = transport, bucket_mb, 600
     learner = ray.remote(num_cpus=0.5)(FixedWeightsLearner).remote(cfg.to_dict(), size=size, dtype=dtype)
     sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(Sink).remote() for _ in range(receivers)]
     ray.get([learner.node_ip.remote(), *[s.node_ip.remote() for s in sinks]])
+    procs = [psutil.Process(p) for p in ray.get([a.__ray_call__.remote(lambda self: os.getpid())
+                                                  for a in [learner, *sinks]])]
     t0 = time.perf_counter()
     sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)
     setup = time.perf_counter() - t0
-    times, stats = [], {}
+    times, cpu, stats = [], [], {}
     for v in range(1, repeats + 2):  # the first push warms up (page faults, connections)
+        before = cpu_seconds(procs)
         stats = sync.push(v, wait=True)
         times.append(stats["seconds"])
+        cpu.append(cpu_seconds(procs) - before)
     loaded = ray.get([s.loaded_bytes.remote() for s in sinks])
     assert all(b == stats["bytes"] for b in loaded), (loaded, stats["bytes"])
     sync.close()
     for a in [learner, *sinks]:
         ray.kill(a)
-    warm = statistics.median(times[1:])
+    warm, warm_cpu = statistics.median(times[1:]), statistics.median(cpu[1:])
     return {"params": size, "dtype": dtype, "transport": transport, "receivers": receivers,
             "mb_per_push": round(stats["bytes"] / 1e6, 1), "cold_s": round(times[0], 3), "warm_s": round(warm, 3),
-            "gb_per_s": round(stats["bytes"] / warm / 1e9, 3), "setup_s": round(setup, 2)}
+            "gb_per_s": round(stats["bytes"] / warm / 1e9, 3), "setup_s": round(setup, 2),
+            "cpu_s": round(warm_cpu, 3), "cpu_floor_s": round(warm_cpu / cores, 3)}
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds the processes have used so far (all their threads)."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
 def extrapolate(rows: list[dict]) -> list[dict]:
@@ -134,7 +148,7 @@ def extrapolate(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,7 +165,7 @@ def plot(rows: list[dict]) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "weight_sync.png", dpi=120)
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)
 
 
 def main() -> None:
@@ -161,6 +175,7 @@ def main() -> None:
     ap.add_argument("--transports", default="object_store,collective")
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--repeats", type=int, default=3, help="warm pushes per setting (after one warm-up push)")
+    ap.add_argument("--name", default="weight_sync", help="results file stem under benchmarks/results")
     ap.add_argument("--max-gb", type=float, default=9.0,
                     help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
     args = ap.parse_args()
@@ -178,9 +193,10 @@ def main() -> None:
         else:
             runnable.append((size, transport, n, dtype, gb))
     store = max(gb for *_, gb in runnable) * 2.5e9 + 5e8  # two versions in flight
+    cores = min(4, os.cpu_count() or 1)  # Ray is given 4 logical CPUs; the box may have fewer cores
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=int(store))
     for size, transport, n, dtype, gb in tqdm(runnable, desc="weight_sync", unit="setting"):
-        rows.append(measure(size, transport, n, dtype, args.bucket_mb, args.repeats if gb < 2 else 2))
+        rows.append(measure(size, transport, n, dtype, args.bucket_mb, args.repeats if gb < 2 else 2, cores))
         tqdm.write(str(rows[-1]))
     ray.shutdown()
     for r in rows:
@@ -188,6 +204,7 @@ def main() -> None:
                     == (r["params"], r["dtype"], r["transport"], 1)), None)
         if one is not None:
             r["over_1_receiver"] = round(r["warm_s"] / one["warm_s"], 3)
+            r["floor_over_1_receiver"] = round(r["cpu_floor_s"] / one["warm_s"], 3)
     fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
     bf16 = next((r for r in rows if r["dtype"] == "bfloat16" and r["params"] == base
                  and r["transport"] == "object_store" and r["receivers"] == 1), None)
@@ -198,8 +215,8 @@ def main() -> None:
     if fp32 and bf16:
         meta["bf16_over_fp32_bytes"] = round(bf16["mb_per_push"] / fp32["mb_per_push"], 4)
         meta["bf16_over_fp32_seconds"] = round(bf16["warm_s"] / fp32["warm_s"], 3)
-    write_results("weight_sync", rows + extrapolate(rows), meta)
-    plot(rows)
+    write_results(args.name, rows + extrapolate(rows), meta)
+    plot(rows, args.name)
     print({k: meta[k] for k in ("skipped", "host_load_avg_1m") if k in meta},
           meta.get("bf16_over_fp32_bytes"), meta.get("bf16_over_fp32_seconds"))
 
