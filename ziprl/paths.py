@@ -1,7 +1,8 @@
 """Where ZipRL keeps its files, and how it writes them so that a crash never leaves a torn one.
 
 - :func:`cache_root`: the one cache directory (converted models, corpora, indexes, Stage 1 runs, DeepSpeed's
-  compiled ops): ``$ZIPRL_CACHE``, else the configured ``model.cache_dir`` (default ``~/.cache/ziprl``).
+  compiled ops): ``$ZIPRL_CACHE``, else ``~/.cache/ziprl`` (converted models, Stage 1 runs and compiled ops
+  honour the configured ``model.cache_dir`` instead of the default).
   The old variable ``ZIPRL_CACHE_DIR`` is still read, with a DeprecationWarning, when ``ZIPRL_CACHE`` is unset.
 - :func:`atomic_path` and its text / bytes / JSON variants: write beside the destination, fsync, rename onto it;
   the destination holds the old content or the new one, never a mix, and a failed write leaves no temp file.

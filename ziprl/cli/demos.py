@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from ziprl.cli.common import overrides
-from ziprl.config import ConfigError, load_config
+from ziprl.config import load_config
 from ziprl.env.demos import build_demos
 from ziprl.errors import run_command
 
@@ -28,11 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
     flags = {"demos.datasets": args.datasets, "demos.limit": args.limit, "demos.out": args.out}
-    try:
-        cfg = load_config(args.config, overrides(flags, args.set))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides(flags, args.set))
     path, counts = build_demos(cfg)
     print(f"[demos] kept {counts['kept']}/{counts['episodes']} episodes ({counts['wrong']} wrong, "
           f"{counts['malformed']} malformed, {counts['no_supporting_titles']} without supporting titles); "

@@ -45,15 +45,11 @@ def main(argv: list[str] | None = None) -> int:
              "env.top_k": args.top_k, "data.limit": args.limit, "rollout.group_size": args.samples,
              "data.seed": args.seed, "sampling.greedy": True if args.greedy else None}
     strategies = list(STRATEGIES) if args.strategy == "all" else [s.strip() for s in args.strategy.split(",")]
-    try:
-        bad = [s for s in strategies if s not in STRATEGIES]
-        if bad:
-            raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
-        cfg = load_config(args.config, overrides(flags, args.set))
-        levels = parse_noise_levels(args.noise) if args.noise is not None else None
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
+    cfg = load_config(args.config, overrides(flags, args.set))
+    levels = parse_noise_levels(args.noise) if args.noise is not None else None
     check_model_paths(cfg.model.path)
     if levels is not None:
         noise_sweep(cfg, strategies, levels, Path(args.out))

@@ -39,9 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--corpus", required=True, help="JSONL(.gz) corpus: one {id, title, text[, url]} per line")
     b.add_argument("--out", required=True, help="index directory to write")
     _encoder_args(b)
-    b.add_argument("--index", default="flat", metavar="TYPE",
+    b.add_argument("--index", default=DEFAULTS.index_type, metavar="TYPE",
                    help='flat, hnsw or a FAISS factory string, e.g. "IVF4096,PQ64,RFlat" (IVF-PQ + exact re-rank)')
-    b.add_argument("--shards", type=int, default=1, help="split the corpus into N index shards")
+    b.add_argument("--shards", type=int, default=DEFAULTS.shards, help="split the corpus into N index shards")
     b.add_argument("--chunk-size", type=int, default=DEFAULTS.chunk_size, help="vectors encoded/added per chunk")
     b.add_argument("--train-size", type=int, default=DEFAULTS.train_size, help="vectors sampled to train IVF/PQ")
     b.add_argument("--embeddings", default=None, help="precomputed passage vectors (.npy/.parquet), one per corpus row")

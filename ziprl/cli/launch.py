@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ziprl.cli.common import add_run_arguments, overrides, run_flags
-from ziprl.config import ConfigError, load_config
+from ziprl.config import load_config
 from ziprl.errors import run_command
 from ziprl.policy.models import check_model_paths
 from ziprl.rundir import prepare_run_dir
@@ -32,24 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap)
     args = ap.parse_args(argv)
     flags = {"ray.num_rollout_actors": args.num_rollout_actors, "ray.address": args.address} | run_flags(args)
-    try:
-        cfg = load_config(args.config, overrides(flags, args.set))
-        if cfg.run.sft_checkpoint and not (Path(cfg.run.sft_checkpoint) / "config.json").is_file():
-            raise ConfigError(f"run.sft_checkpoint {cfg.run.sft_checkpoint} is not a model directory (no config.json)")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides(flags, args.set))
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
-    try:
-        launch(cfg)
-    except KeyboardInterrupt:
-        return 130
-    except ConfigError as exc:  # found once Ray is up: GPUs or learner ranks the cluster cannot place
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
     return 0
 
 

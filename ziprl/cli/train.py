@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from ziprl.cli.common import add_run_arguments, overrides, run_flags
-from ziprl.config import ConfigError, load_config
+from ziprl.config import load_config
 from ziprl.errors import run_command
 from ziprl.learner.in_process import train
 from ziprl.policy.models import check_model_paths
@@ -26,11 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(ap)
     args = ap.parse_args(argv)
-    try:
-        cfg = load_config(args.config, overrides(run_flags(args), args.set))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides(run_flags(args), args.set))
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     last = train(cfg)

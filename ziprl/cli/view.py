@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from ziprl.paths import atomic_write_text
 from ziprl.view.data import load_run
 from ziprl.view.page import render_page
 from ziprl.view.server import LOCAL_HOSTS, make_server
@@ -39,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_page(run, static=True), encoding="utf-8")
+        out = atomic_write_text(args.out, render_page(run, static=True))
         print(f"[view] wrote {out} ({run.num_episodes} episodes)")
         return 0
     if args.host not in LOCAL_HOSTS:

@@ -8,6 +8,7 @@ As in the paper, only correct, well-formed trajectories are kept; the file holds
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,9 +78,8 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
             found = [ex for ex in found if ex.supporting_titles][: cfg.demos.limit]
         examples += found
     if retriever is None:
-        first = cfg.demos.datasets[0]
-        data_cfg = ZipRLConfig(retriever=cfg.retriever, data=type(cfg.data)(dataset=first, shared_dir=cfg.data.shared_dir))
-        retriever = Retriever.from_config(retriever_config_for(data_cfg))
+        first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
+        retriever = Retriever.from_config(retriever_config_for(first))
     rows, counts = synthesize(cfg, examples, retriever, progress)
     counts["transitions"] = len(rows)
     path = write_demos(rows, cfg.demos.out)

@@ -52,6 +52,11 @@ BUILD_KEYS = ("format", "corpus_sha256", "count", "encoder", "query_prefix", "pa
 BUILD_DEFAULTS = {"store_vectors": False}  # build keys an index written before they existed is read as having
 
 
+def build_key(manifest: dict) -> dict:
+    """The build settings a manifest (or a partial build's progress) records, old files' missing keys defaulted."""
+    return {k: manifest.get(k, BUILD_DEFAULTS.get(k)) for k in BUILD_KEYS}
+
+
 # ---------------------------------------------------------------- index types
 
 
@@ -363,14 +368,14 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         "store_vectors": store_vectors,
     }
     old = read_manifest(out)
-    if old is not None and not missing_files(out, old) and all(old.get(k, BUILD_DEFAULTS.get(k)) == manifest[k] for k in BUILD_KEYS):
+    build = build_key(manifest)
+    if old is not None and not missing_files(out, old) and build_key(old) == build:
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.with_name(f".{out.name}.partial")
     state = read_json(work / PROGRESS_FILE)
-    build = {k: manifest[k] for k in BUILD_KEYS}
-    if state is None or state.get("build") != build:
+    if state is None or build_key(state.get("build") or {}) != build:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         state = {"build": build, "stored": False, "trained": False, "added": [0] * shards, "files": [None] * shards}

@@ -93,13 +93,15 @@ def _parse_level(attrs: str) -> tuple[int | None, str | None]:
     return int(level.group(1)), None
 
 
-def parse_turn(text: str, max_chars: int = 20000) -> ParsedTurn:
-    """Parse one assistant response into its compression and its single action; never raises."""
+def parse_turn(text: str, max_chars: int = 20000, actions: tuple[str, ...] | None = None) -> ParsedTurn:
+    """Parse one assistant response into its compression and its single action; never raises.
+
+    ``actions``: the tool names an action may use (default: every registered tool)."""
     if not isinstance(text, str):
         return ParsedTurn(error=f"the response must be text, got {type(text).__name__}")
     if len(text) > max_chars:
         return ParsedTurn(error=f"the response is {len(text)} characters; the limit is {max_chars}")
-    actions_known = TOOLS.names()
+    actions_known = TOOLS.names() if actions is None else actions
     blocks: list[tuple[str, str, str]] = []  # (tag, attrs, content)
     open_tag: tuple[str, str, int] | None = None
     for m in _tag_re(actions_known).finditer(text):

@@ -130,12 +130,12 @@ class SearchCompressEnv(gym.Env):
         """Chat messages for the next turn."""
         return self.context.messages(self.system, self.turn + 1, self.config.max_turns)
 
-    def _score(self, parsed: ParsedTurn) -> CompressionScore | None:
-        """Q_com of this turn's compression against the pending raw observation (None if nothing was pending)."""
+    def _score(self, parsed: ParsedTurn, level: int | None) -> CompressionScore | None:
+        """Q_com of this turn's compression at ``level`` against the pending raw observation (None if nothing
+        was pending)."""
         c, pending = self.config, self.context.pending
         if pending is None or not self.strategy.compresses and parsed.compression is None:
             return None
-        level = self.strategy.level(parsed.level)
         if parsed.compression is None or level is None:
             return _ZERO  # owed a compression, gave no valid one
         return compression_quality(self.example.question, pending.text, unescape(parsed.compression), level,
@@ -154,10 +154,11 @@ class SearchCompressEnv(gym.Env):
         c, ctx = self.config, self.context
         self.turn += 1
         action = scrub(action) if isinstance(action, str) else action  # lone surrogates never reach a tokenizer
-        parsed = parse_turn(action, c.max_response_chars)
+        parsed = parse_turn(action, c.max_response_chars, tuple(self.tools))
         if parsed.error is None and self.strategy.compresses and parsed.compression is None:
             parsed = dataclasses.replace(parsed, error='missing the <compress level="N">…</compress> block')
-        score = self._score(parsed)
+        level = self.strategy.level(parsed.level)
+        score = self._score(parsed, level)
         observation_chars = len(ctx.pending.text) if ctx.pending else 0
         result, terminated = ToolResult(), False
         if parsed.error is not None:
@@ -165,7 +166,7 @@ class SearchCompressEnv(gym.Env):
         else:
             result = self._act(parsed)
             note = unescape(parsed.compression) if parsed.compression else None
-            ctx.commit(self.turn, action, note, self.strategy.level(parsed.level), result.observation)
+            ctx.commit(self.turn, action, note, level, result.observation)
             if result.error:
                 ctx.notice = result.error
             terminated = self.tools[parsed.action].terminal
@@ -177,7 +178,7 @@ class SearchCompressEnv(gym.Env):
             "turn": self.turn,
             "action": parsed.action if parsed.error is None else "invalid",
             "argument": parsed.argument,
-            "level": self.strategy.level(parsed.level) if parsed.error is None else parsed.level,
+            "level": level if parsed.error is None else parsed.level,
             "q_com": score.total if score else None,
             "q_ratio": score.ratio if score else None,
             "q_level": score.level if score else None,

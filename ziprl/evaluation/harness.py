@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from ziprl.config import ZipRLConfig, check_top_k
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.paths import atomic_write_json, atomic_write_text
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
 
 COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
@@ -73,8 +73,8 @@ def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool 
         print(f"[eval] {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} turns={stats['turns']:.2f} "
               f"format_errors/turn={stats['format_error_rate']:.2f} ({stats['seconds']:.0f}s)", flush=True)
     report = {"dataset": cfg.data.dataset, "questions": len(examples), "config": cfg.to_dict(), "results": rows}
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown_report(cfg.data.dataset, rows))
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", markdown_report(cfg.data.dataset, rows))
     plot_tokens_per_turn({s: tokens_per_turn(t) for s, t in all_trajs.items()}, out / "tokens_per_turn.png",
                          f"Prompt tokens per turn ({cfg.data.dataset})")
     plot_levels({s: [rows[s][f"level_{g}_frac"] for g in range(1, 6)] for s in rows}, out / "levels.png",

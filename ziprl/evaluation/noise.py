@@ -9,12 +9,12 @@ are rewritten after every cell, so an interrupted sweep leaves what it measured.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.evaluation.harness import load_eval_setup, run_strategy
+from ziprl.paths import atomic_write_json, atomic_write_text
 
 CURVE = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tok/trajectory"),
          ("turns", "turns"), ("searches", "searches/q"), ("injected_frac", "injected hits")]
@@ -94,8 +94,8 @@ def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], ou
                   f"injected={stats['injected_frac']:.2f} ({stats['seconds']:.0f}s)", flush=True)
             report = {"dataset": cfg.data.dataset, "questions": len(setup[0]), "noise_levels": levels,
                       "config": cfg.to_dict(), "results": rows}
-            (out / "noise.json").write_text(json.dumps(report, indent=2) + "\n")
-            (out / "noise.md").write_text(markdown_table(cfg.data.dataset, rows))
+            atomic_write_json(out / "noise.json", report)
+            atomic_write_text(out / "noise.md", markdown_table(cfg.data.dataset, rows))
             plot_noise({s: r for s, r in rows.items() if r}, out / "noise.png",
                        f"Noisy retrieval ({cfg.data.dataset}, {len(setup[0])} questions)")
     return rows

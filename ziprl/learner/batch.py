@@ -19,7 +19,7 @@ counts the dropped tokens).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +53,11 @@ class MicroBatch:
     old_logp: Tensor
     adv: Tensor
     weight: Tensor
+    response_start: int  # the column of every row's first response token
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), Tensor)})
 
 
 def build_rows(
@@ -129,7 +131,7 @@ def collate(rows: Sequence[TurnRow], pad_id: int) -> MicroBatch:
         adv[k, p:end] = r.advantage
         weight[k, p:end] = r.weight
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight)
+    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight, p)
 
 
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
@@ -141,12 +143,9 @@ def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: i
 
 def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:
     """Tempered logits predicting tokens start+1 .. T-1, where start is the column before the responses."""
-    mask = batch.loss_mask.bool()
-    if not mask.any():
-        raise ValueError("micro-batch has no response tokens")
-    if mask[:, 0].any():
+    if batch.response_start < 1:
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
-    start = int(mask.any(0).nonzero()[0]) - 1
+    start = batch.response_start - 1  # known on the host: no device sync before the forward
     keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=keep)

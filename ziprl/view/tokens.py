@@ -11,11 +11,10 @@ from ziprl.view.data import Run
 
 def default_tokenizer_dir() -> Path | None:
     """The converted embedded policy's directory, if it is already in the cache (nothing is converted here)."""
-    from ziprl.config import ModelConfig
     from ziprl.paths import cache_root
     from ziprl.policy.models import DEFAULT_MODEL_NAME
 
-    found = sorted((cache_root(ModelConfig().cache_dir) / "models").glob(f"{DEFAULT_MODEL_NAME}-*/tokenizer.json"))
+    found = sorted((cache_root() / "models").glob(f"{DEFAULT_MODEL_NAME}-*/tokenizer.json"))
     return found[0].parent if found else None
 
 
