@@ -87,18 +87,26 @@ def test_chunked_build_equals_one_shot(data, encoder, tmp_path, index_type):
         assert np.array_equal(one.index.reconstruct_n(0, N), many.index.reconstruct_n(0, N))
 
 
-def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, monkeypatch):
+def _crash_on_fourth_chunk(monkeypatch) -> dict:
+    """Make the 4th chunk read raise KeyboardInterrupt (a machine going down after 3 chunks); returns the counters:
+    ``n`` reads so far (set it negative to stop crashing), ``rows`` rows read."""
     calls = {"n": 0, "rows": 0}
     real = IB.NpyVectors.rows
 
     def crashing(self, start, stop):
         calls["n"] += 1
         if calls["n"] == 4:
-            raise KeyboardInterrupt  # as if the machine went down after chunk 3
+            raise KeyboardInterrupt
         calls["rows"] += stop - start
         return real(self, start, stop)
 
     monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    return calls
+
+
+def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, monkeypatch):
+    real = IB.NpyVectors.rows
+    calls = _crash_on_fourth_chunk(monkeypatch)
     kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "shards": 2, "checkpoint_s": 0}
     with pytest.raises(KeyboardInterrupt):
         _build(data, encoder, tmp_path / "idx", **kw)
@@ -297,16 +305,7 @@ def test_rerank_exact_scores_only_the_candidates():
 
 def test_store_vectors_resumes_and_old_manifests_are_reused(data, encoder, tmp_path, monkeypatch):
     _, _, _, x = data
-    real = IB.NpyVectors.rows
-    calls = {"n": 0}
-
-    def crashing(self, start, stop):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(self, start, stop)
-
-    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    calls = _crash_on_fourth_chunk(monkeypatch)
     kw = {"index_type": "IVF8,PQ16x4", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0, "store_vectors": True}
     with pytest.raises(KeyboardInterrupt):
         _build(data, encoder, tmp_path / "idx", **kw)
@@ -322,17 +321,7 @@ def test_store_vectors_resumes_and_old_manifests_are_reused(data, encoder, tmp_p
 
 
 def test_a_partial_build_from_before_store_vectors_resumes(data, encoder, tmp_path, monkeypatch):
-    calls = {"n": 0, "rows": 0}
-    real = IB.NpyVectors.rows
-
-    def crashing(self, start, stop):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        calls["rows"] += stop - start
-        return real(self, start, stop)
-
-    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    calls = _crash_on_fourth_chunk(monkeypatch)
     kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0}
     with pytest.raises(KeyboardInterrupt):
         _build(data, encoder, tmp_path / "idx", **kw)
