@@ -13,6 +13,7 @@ from ziprl.learner.losses import (
     policy_loss,
     token_logprobs,
     token_weight,
+    truncated_is_weight,
 )
 
 
@@ -172,3 +173,28 @@ def test_token_weight_norms():
     assert token_weight(5, 4, 30, "token") == pytest.approx(1 / 30)
     with pytest.raises(ValueError, match="norm"):
         token_weight(5, 4, 30, "seq")
+
+
+def test_tis_weights_are_exactly_one_when_the_engine_is_the_learner():
+    logp = torch.tensor([[-0.5, -1.25, -3.0, -0.01]])
+    assert torch.equal(truncated_is_weight(logp, logp.clone(), cap=2.0), torch.ones_like(logp))
+
+
+def test_tis_weights_are_the_truncated_probability_ratio():
+    learner = torch.tensor([[-1.0, -1.0, -1.0]])
+    rollout = torch.tensor([[-1.5, -0.5, -3.0]])  # ratios e^0.5, e^-0.5, e^2 (above the cap)
+    w = truncated_is_weight(learner, rollout, cap=2.0)
+    assert w.tolist()[0] == pytest.approx([math.exp(0.5), math.exp(-0.5), 2.0])
+
+
+def test_policy_loss_with_tis_is_the_weighted_on_policy_gradient():
+    """With the correction on, d loss / d logp_t = -weight_t * w_t * A_t (ratio 1 against the learner's own)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    rollout = torch.tensor([[-1.2, -1.0, -0.5]])
+    adv, weight, mask = torch.tensor([[1.0, -2.0, 0.5]]), torch.full((1, 3), 0.25), torch.tensor([[1.0, 1.0, 0.0]])
+    loss, st = policy_loss(logp, rollout, adv, weight, mask, tis_cap=2.0)
+    loss.backward()
+    w = [math.exp(0.2), math.exp(-1.0), 1.0]
+    assert logp.grad.tolist()[0] == pytest.approx([-0.25 * w[0] * 1.0, -0.25 * w[1] * -2.0, 0.0])
+    assert st["mismatch_abs_mean"] == pytest.approx(0.6) and st["mismatch_abs_max"] == pytest.approx(1.0)
+    assert st["tis_mean"] == pytest.approx((w[0] + w[1]) / 2) and st["clip_frac"] == 0.0

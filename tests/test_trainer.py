@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from ziprl.config import ConfigError, ZipRLConfig
+from ziprl.config import ZipRLConfig
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
+from ziprl.learner.hardware import cpu_has_bf16
 from ziprl.learner.losses import policy_loss
 from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
-from ziprl.learner.trainer import Trainer
+from ziprl.learner.trainer import Trainer, tis_cap
 from ziprl.policy.models import load_model, load_tokenizer
 
 requires_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
@@ -31,8 +32,9 @@ pytestmark = [pytest.mark.slow, requires_deepspeed]
 
 
 def make_cfg(**learner) -> ZipRLConfig:
+    """Learner settings over the defaults; float32 unless ``bf16`` is given (the exactness tests compare float32)."""
     cfg = ZipRLConfig()
-    for key, value in learner.items():
+    for key, value in {"bf16": False, **learner}.items():
         setattr(cfg.learner, key, value)
     return cfg
 
@@ -167,11 +169,54 @@ def test_warmup_then_constant_lr(tiny_model_dir):
     assert lrs == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
-def test_bf16_on_cpu_is_a_config_error(tiny_model_dir):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    with pytest.raises(ConfigError, match="CUDA"):
-        Trainer(make_cfg(bf16=True, zero_stage=2), tiny_model_dir)
+requires_cpu_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no AVX-512 BF16 / AMX")
+
+
+@requires_cpu_bf16
+def test_bf16_on_cpu_trains_float32_masters_close_to_float32(tiny_model_dir):
+    """bf16 autocast on the CPU: the same step as float32 within bf16 rounding, masters and optimizer in float32."""
+    trajectories = make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2)
+    steps = {}
+    for bf16 in (False, True):
+        trainer = Trainer(make_cfg(bf16=bf16, lr=1e-3, beta=0.001, rollout_correction="off"), tiny_model_dir)
+        steps[bf16] = (trainer.train_step(trajectories), trainer.named_weights_numpy(), trainer)
+    (f32, w32, _), (b16, w16, trainer) = steps[False], steps[True]
+    assert trainer.bf16 and b16["gemm_peak_tflops"] > 0 and 0 < b16["mfu"] < 1
+    assert all(p.dtype == torch.float32 for p in trainer.engine.module.parameters())
+    assert b16["loss"] == pytest.approx(f32["loss"], rel=0.05, abs=1e-3)
+    assert b16["grad_norm"] == pytest.approx(f32["grad_norm"], rel=0.05)
+    start = {k: v.numpy() for k, v in model_and_tokenizer(tiny_model_dir)[0].state_dict().items() if k in w32}
+    moved32, moved16 = (np.concatenate([(w[k] - v).ravel() for k, v in start.items()]) for w in (w32, w16))
+    assert np.corrcoef(moved32, moved16)[0, 1] > 0.95  # the same update direction
+
+
+def test_rollout_correction_auto_follows_the_numerics():
+    """auto: off only when the engine is HF float32 and the learner float32; tis/off force it."""
+    cfg = ZipRLConfig()
+    assert tis_cap(cfg, bf16=False) is None and tis_cap(cfg, bf16=True) == cfg.learner.tis_cap
+    cfg.model.dtype = "bfloat16"
+    assert tis_cap(cfg, bf16=False) == cfg.learner.tis_cap
+    cfg.model.dtype, cfg.learner.rollout_correction = "float32", "tis"
+    assert tis_cap(cfg, bf16=False) == cfg.learner.tis_cap
+    cfg.learner.rollout_correction = "off"
+    assert tis_cap(cfg, bf16=True) is None
+
+
+def test_step_logs_mismatch_timings_and_the_update_probe(tiny_model_dir):
+    """Behaviour log-probs off by a known amount show as the mismatch; the probe sees positive-advantage tokens rise."""
+    trajectories = make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=1, logprob_noise=0.0)
+    for t in trajectories:
+        for u in t.turns:
+            u.logprobs = [x - 0.25 for x in u.logprobs]
+    trainer = Trainer(make_cfg(lr=1e-3, beta=0.0, rollout_correction="tis", tis_cap=2.0), tiny_model_dir)
+    stats = trainer.train_step(trajectories)
+    assert stats["mismatch_abs_mean"] == pytest.approx(0.25, abs=1e-3)
+    assert stats["mismatch_abs_max"] == pytest.approx(0.25, abs=1e-3)
+    assert stats["tis_mean"] == pytest.approx(np.exp(0.25), rel=1e-3)
+    assert stats["clip_frac"] == 0.0  # the ratio is against the learner's own log-probs
+    assert stats["dlogp_pos_adv"] > stats["dlogp_neg_adv"]  # the update favours positive-advantage tokens
+    assert min(stats[f"{p}_seconds"] for p in ("forward", "backward", "optimizer")) > 0
+    assert stats["trained_tokens"] >= stats["tokens"] and 0 < stats["mfu"] < 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + ZeRO-2/3 runs on a CUDA GPU; this machine has none")

@@ -181,7 +181,15 @@ class LearnerConfig:
     max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this; 0 = no clipping.")
     zero_stage: int = opt(0, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer state over "
                              "ray.learner_ranks).")
-    bf16: bool = opt(False, "train in bfloat16 mixed precision (DeepSpeed).")
+    bf16: bool | None = opt(None, "bfloat16 compute with float32 master weights and optimizer state (autocast; "
+                                  "DeepSpeed's bf16 mode on CUDA with ZeRO >= 1); null = on where the device "
+                                  "multiplies bf16 natively (CUDA, or a CPU with AVX-512 BF16 / AMX).")
+    rollout_correction: str = opt("auto", "tis (truncated importance sampling of the learner's over the engine's "
+                                          "token probabilities, as verl's rollout correction) | off | auto = tis "
+                                          "whenever the engine's numerics differ from the learner's.")
+    tis_cap: float = opt(2.0, "C in w_t = min(pi_learner / pi_rollout, C) (Eq. TIS); verl's default is 2.")
+    probe_update: bool = opt(True, "after each step re-score one micro-batch (one forward) and log how the update "
+                                   "moved the log-probs of positive- and negative-advantage tokens.")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
     steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
     seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
@@ -342,6 +350,10 @@ class ZipRLConfig:
              f"rollout job would be cut to {in_flight} questions; set rollout.batch_questions <= {in_flight}"),
             (lr.loss_norm in ("trajectory", "token"), "learner.loss_norm must be 'trajectory' or 'token'"),
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
+            (lr.rollout_correction in ("auto", "tis", "off"),
+             f"learner.rollout_correction must be auto, tis or off, got {lr.rollout_correction!r}"),
+            (lr.tis_cap >= 1, f"learner.tis_cap must be >= 1 (a cap below 1 down-weights on-policy tokens), got "
+                              f"{lr.tis_cap}"),
             (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
             (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
             (self.ray.retriever_max_queued >= 1 and self.ray.retriever_timeout_s > 0,

@@ -2,8 +2,13 @@
 
 One code path on every machine: ``deepspeed.initialize`` with ZeRO stage ``learner.zero_stage`` (0-3; gloo on
 CPU, nccl on GPU), torch's AdamW, linear warm-up then constant LR, gradient clipping, optional gradient
-checkpointing, and bf16 compute when ``learner.bf16`` is set on a CUDA machine (float32 master weights and
-optimizer state either way).
+checkpointing. Precision (``learner.bf16``, by default on where the device multiplies bf16 natively): bf16
+compute with float32 master weights and optimizer state either way, through DeepSpeed's bf16 mode on CUDA
+with ZeRO >= 1 and through ``torch.autocast`` otherwise (CPUs with AVX-512 BF16 or AMX, CUDA with ZeRO-0).
+
+Rollout correction (``learner.rollout_correction``): when the engine's numerics are not the learner's, the
+behaviour log-probs it reports differ from the learner's for the same weights; every step logs that gap per
+response token and, with ``tis``, weights each token by min(pi_learner / pi_rollout, C) (``losses.policy_loss``).
 
 Gradient accumulation: a step has as many micro-batches as its turns need, so DeepSpeed runs with
 ``managed_gradient_accumulation=False``: every ``engine.backward`` only accumulates, and ``engine.step`` is
@@ -44,6 +49,7 @@ from ziprl.learner.batch import (
     response_logprobs_and_entropy,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
+from ziprl.learner.hardware import gemm_peak_flops, model_flop_utilisation, native_bf16
 from ziprl.learner.losses import policy_loss
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
@@ -55,6 +61,18 @@ if TYPE_CHECKING:
 def warmup_factor(warmup_steps: int):
     """LR multiplier for optimiser step s (0-based): linear warm-up over ``warmup_steps`` steps, then 1."""
     return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def rollout_matches_learner(cfg: ZipRLConfig, bf16: bool) -> bool:
+    """True when the generating engine computes exactly the learner's numerics (HF, float32, float32 learner)."""
+    return cfg.model.engine == "hf" and cfg.model.dtype == "float32" and not bf16
+
+
+def tis_cap(cfg: ZipRLConfig, bf16: bool) -> float | None:
+    """The truncation C of the rollout correction, or None when it is off (``learner.rollout_correction``)."""
+    mode = cfg.learner.rollout_correction
+    on = mode == "tis" or (mode == "auto" and not rollout_matches_learner(cfg, bf16))
+    return cfg.learner.tis_cap if on else None
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -77,10 +95,13 @@ class Trainer:
         self.cfg = cfg.validate()
         lc = cfg.learner
         self.model_path = Path(model_path) if model_path is not None else resolve_model_path(cfg.model)
-        if lc.bf16 and resolve_device(cfg.model.device) != "cuda":
-            raise ConfigError("learner.bf16 needs a CUDA GPU; set learner.bf16=false to train in float32 on CPU")
-        if lc.bf16 and lc.zero_stage == 0:
-            raise ConfigError("learner.bf16 needs learner.zero_stage >= 1 (DeepSpeed keeps the float32 master there)")
+        device = resolve_device(cfg.model.device)
+        self.bf16 = native_bf16(device) if lc.bf16 is None else lc.bf16
+        if self.bf16 and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            raise ConfigError("learner.bf16: this CPU has no bfloat16 kernels; set learner.bf16=false (float32)")
+        ds_bf16 = self.bf16 and device == "cuda" and lc.zero_stage >= 1  # DeepSpeed keeps the float32 master
+        self._autocast = self.bf16 and not ds_bf16
+        self.tis_cap = tis_cap(cfg, self.bf16)
         self._ds = init_distributed(cfg.model)
         self.zero_stage = lc.zero_stage
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
@@ -93,7 +114,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_factor(lc.warmup_steps))
         # fp32 without ZeRO: DeepSpeed would clip but not report the norm, so we clip in a pre-step hook.
-        self._clip_in_hook = lc.zero_stage == 0 and not lc.bf16
+        self._clip_in_hook = lc.zero_stage == 0 and not ds_bf16
         if self._clip_in_hook:
             self.optimizer.register_step_pre_hook(self._clip_hook)
         self._grad_norm = float("nan")
@@ -103,7 +124,7 @@ class Trainer:
             "managed_gradient_accumulation": False,  # engine.step() is the boundary, however many micro-batches
             "gradient_clipping": 0.0 if self._clip_in_hook else lc.max_grad_norm,
             "zero_optimization": {"stage": lc.zero_stage},
-            "bf16": {"enabled": lc.bf16},
+            "bf16": {"enabled": ds_bf16},
             "zero_allow_untested_optimizer": True,  # torch AdamW: runs anywhere, no CUDA op build
             "steps_per_print": 2**31 - 1,
         }
@@ -114,10 +135,12 @@ class Trainer:
         if lc.zero_stage == 0 and world_size() == 1:
             self.engine.enable_backward_allreduce = False  # one rank: averaging would only copy every gradient
         self.device = self.engine.device
+        self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
+        self._peak = gemm_peak_flops(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
 
         self.ref_model = None
         if lc.beta > 0:
-            dtype = "bfloat16" if lc.bf16 else "float32"
+            dtype = "bfloat16" if self.bf16 else "float32"
             self.ref_model = load_model(self.model_path, dtype, str(self.device), cfg.model.trust_remote_code)
             self.ref_model.requires_grad_(False)
         self.global_step = 0  # optimiser steps taken (RL and SFT)
@@ -140,24 +163,44 @@ class Trainer:
         if not rows:
             return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
 
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, tokens, clipped tokens, kl * tokens, entropy * tokens
+        # per token sums: loss, tokens, clipped, kl, entropy, |mismatch|, tis weight; then trained (real) tokens
+        sums = torch.zeros(8, dtype=torch.float64)
+        clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
+        mismatch_max, probe = 0.0, None
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
-            logp, entropy = response_logprobs_and_entropy(self.engine, mb)
+            t0 = time.perf_counter()
+            with self._compute():
+                logp, entropy = response_logprobs_and_entropy(self.engine, mb)
+            t1 = time.perf_counter()
             ref_logp = None
             if self.ref_model is not None:
-                with torch.no_grad():
+                with torch.no_grad(), self._compute():
                     ref_logp = response_logprobs(self.ref_model, mb)
+            t2 = time.perf_counter()
             # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
-            loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps)
+            loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps,
+                                   self.tis_cap)
             self.engine.backward(loss * world_size())  # DeepSpeed averages over ranks; the weights already sum
+            t3 = time.perf_counter()
+            clock["forward"] += t1 - t0
+            clock["reference"] += t2 - t1
+            clock["backward"] += t3 - t2
+            if probe is None and lc.probe_update:  # every rank probes its first micro-batch (ZeRO-3 needs all)
+                probe = (mb, logp.detach())
             if real:
                 n = st["tokens"]
                 ent = float((entropy * mb.loss_mask).sum())
-                sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent])
+                sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent,
+                                      st["mismatch_abs_mean"] * n, st.get("tis_mean", 1.0) * n,
+                                      float(mb.attention_mask.sum())])
+                mismatch_max = max(mismatch_max, st["mismatch_abs_max"])
         lr = self.lr
+        t0 = time.perf_counter()
         grad_norm = self._optimizer_step()
-        loss_sum, tokens, clipped, kl, ent = self._all_reduce(sums).tolist()
-        return {
+        clock["optimizer"] = time.perf_counter() - t0
+        loss_sum, tokens, clipped, kl, ent, gap, tis, trained = self._all_reduce(sums).tolist()
+        seconds = time.perf_counter() - start
+        out = {
             **stats,
             "loss": loss_sum,
             "clip_frac": clipped / tokens,
@@ -166,10 +209,38 @@ class Trainer:
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": tokens,
+            "trained_tokens": trained,
             "turns": float(len(rows)),
             "policy_version": float(self.policy_version),
-            "seconds": time.perf_counter() - start,
+            "mismatch_abs_mean": gap / tokens,
+            "mismatch_abs_max": mismatch_max,
+            "tis_mean": tis / tokens,
+            **{f"{part}_seconds": value for part, value in clock.items()},
+            # per rank: each rank trains its share of the tokens on its own device
+            "mfu": model_flop_utilisation(self.num_params, trained / world_size(), seconds, self._peak),
+            "gemm_peak_tflops": self._peak / 1e12,
+            "seconds": seconds,
         }
+        if probe is not None:
+            out.update(self._probe_update(*probe))
+        return out
+
+    def _probe_update(self, mb: MicroBatch, before: torch.Tensor) -> dict[str, float]:
+        """Mean change of log pi over this micro-batch's positive- and negative-advantage response tokens after
+        the update (no grad; the first should rise, the second fall)."""
+        with torch.no_grad(), self._compute():
+            after = response_logprobs(self.engine, mb)
+        delta, mask = after - before, mb.loss_mask.bool()
+        out = {}
+        for name, sel in (("pos", mask & (mb.adv > 0)), ("neg", mask & (mb.adv < 0))):
+            out[f"dlogp_{name}_adv"] = float(delta[sel].mean()) if sel.any() else 0.0
+        return out
+
+    def _compute(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around a forward when the learner computes in bf16 outside DeepSpeed's bf16 mode."""
+        if self._autocast:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def sft_step(self, rows: Sequence[SFTRow], micro_batch_size: int | None = None) -> dict[str, float]:
         """One optimiser step of the cold-start SFT loss: NLL of the response tokens, mean over all of them.
@@ -189,7 +260,8 @@ class Trainer:
         ]
         sums = torch.zeros(2, dtype=torch.float64)  # loss, tokens
         for mb, real in self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns):
-            logp = response_logprobs(self.engine, mb)
+            with self._compute():
+                logp = response_logprobs(self.engine, mb)
             loss = -(mb.weight * logp * mb.loss_mask).sum()
             self.engine.backward(loss * world_size())
             if real:

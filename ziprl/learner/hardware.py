@@ -1,0 +1,49 @@
+"""What the learner's hardware does: native bfloat16, the measured GEMM peak, and model-FLOP utilisation."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 matrix instructions
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); False where it cannot tell."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    return any(f in flags for f in BF16_CPU_FLAGS)
+
+
+def native_bf16(device: str) -> bool:
+    """True when ``device`` ("cpu" or "cuda") computes bfloat16 matrix products natively."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return cpu_has_bf16()
+
+
+@lru_cache(maxsize=4)
+def gemm_peak_flops(dtype: torch.dtype, device: str, n: int = 2048, reps: int = 3) -> float:
+    """FLOP/s of the best of ``reps`` n x n matrix products in ``dtype`` on ``device`` (measured once per process)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(reps + 1):  # the first product warms the kernels up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def model_flop_utilisation(num_params: int, tokens: float, seconds: float, peak_flops: float) -> float:
+    """MFU = 6 N D / (t * peak): forward + backward of N parameters over D tokens against the GEMM peak."""
+    return 6.0 * num_params * tokens / (seconds * peak_flops) if seconds > 0 and peak_flops > 0 else 0.0
