@@ -1,17 +1,22 @@
-"""Run directories and checkpoints: nothing of an earlier run is lost (issue 14, item 1)."""
+"""Run directories and checkpoints: nothing of an earlier run is lost (issue 14, item 1), and ``--overwrite``
+deletes nothing but a marked ZipRL run, only after every input is checked (issue 23, item 1)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import uuid
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from tests.test_trainer import make_cfg, requires_deepspeed
+from ziprl.cli import launch, train
 from ziprl.learner.checkpoint import clean_orphans, latest_checkpoint, save_checkpoint, verify_checkpoint
-from ziprl.rundir import RunDirError, prepare_run_dir, write_config
-
-pytestmark = [requires_deepspeed]
+from ziprl.rundir import MARKER, RunDirError, prepare_run_dir, read_marker, write_config
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +39,7 @@ def copy_run(run_dir, tmp_path):
     return shutil.copytree(run_dir, tmp_path / "run")
 
 
+@requires_deepspeed
 def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
     """The reproduction: run A writes steps 1-3, run B's step 1 then repointed `latest` at a pruned directory."""
     old = []
@@ -48,12 +54,14 @@ def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
     assert json.loads((old[2] / "state.json").read_text())["data_position"] == {"run": "a"}
 
 
+@requires_deepspeed
 def test_a_non_empty_dir_needs_resume_or_overwrite(run_dir, tmp_path):
     with pytest.raises(RunDirError, match="--resume to continue.*--overwrite"):
         prepare_run_dir(run_dir, resume=False, overwrite=False)
     assert prepare_run_dir(tmp_path / "new", resume=False, overwrite=False) is None and (tmp_path / "new").is_dir()
     out = copy_run(run_dir, tmp_path)
-    assert prepare_run_dir(out, resume=False, overwrite=True) is None and not any(out.iterdir())
+    (out / MARKER).write_text('{"format": 1}')
+    assert prepare_run_dir(out, resume=False, overwrite=True) is None and [p.name for p in out.iterdir()] == [MARKER]
     with pytest.raises(RunDirError, match="contradict"):
         prepare_run_dir(out, resume=True, overwrite=True)
 
@@ -67,17 +75,21 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path):
         prepare_run_dir(tmp_path, resume=True, overwrite=False)
 
 
+@requires_deepspeed
 def test_resume_returns_the_verified_latest_and_cleans_killed_writes(run_dir, tmp_path):
     out = copy_run(run_dir, tmp_path)
     root = out / "checkpoints"
     (root / ".step_2-deadbeef.tmpxyz").mkdir()  # what a killed write leaves
     (root / ".step_2-deadbeef.tmpxyz" / "model.safetensors").write_bytes(b"partial")
     (root / ".latest.tmp").write_text("step_2-deadbeef\n")
+    assert read_marker(out) is None  # a run of a ZipRL older than the marker still resumes, and is marked
     assert prepare_run_dir(out, resume=True, overwrite=False) == latest_checkpoint(out)
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
+    assert read_marker(out)["format"] == 1
     assert clean_orphans(out) == []
 
 
+@requires_deepspeed
 @pytest.mark.parametrize("damage", ["dangling", "garbage_pointer", "truncated", "bad_state", "missing_file"])
 def test_resume_rejects_a_broken_checkpoint_before_any_model_loads(damage, run_dir, tmp_path):
     out = copy_run(run_dir, tmp_path)
@@ -111,3 +123,181 @@ def test_overwrite_refuses_to_delete_the_working_directory(tmp_path, monkeypatch
     with pytest.raises(RunDirError, match="working or home directory"):
         prepare_run_dir(tmp_path, resume=False, overwrite=True)
     assert (tmp_path / "precious.txt").is_file()
+
+
+# ---------------------------------------------------------------- --overwrite deletes only a marked run (issue 23)
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Every path under ``root`` (links not followed) -> file bytes, link target or 'dir'."""
+    out: dict[str, object] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(top, name)
+            rel = str(p.relative_to(root))
+            out[rel] = ("link", os.readlink(p)) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
+    return out
+
+
+def checkout(root: Path) -> Path:
+    """A project checkout, the kind of directory pointed at by mistake."""
+    (root / ".git" / "objects").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".git" / "objects" / "ab").write_bytes(b"\x78\x9c blob")
+    (root / "src").mkdir()
+    (root / "src" / "main.py").write_text("print('precious')\n")
+    (root / "README.md").write_text("# project\n")
+    return root
+
+
+def marked_run(root: Path) -> Path:
+    """What a run writes: the marker (from prepare_run_dir), configs, metrics, TensorBoard, trajectories, checkpoints."""
+    assert prepare_run_dir(root, resume=False, overwrite=False) is None
+    (root / "config.json").write_text("{}\n")
+    (root / "config.20250101-120000.json").write_text('{"lr": 2}\n')
+    (root / "metrics.jsonl").write_text('{"step": 1}\n')
+    (root / "tb").mkdir()
+    (root / "tb" / "events.out.tfevents.1.host").write_bytes(b"\0events")
+    (root / "trajectories").mkdir()
+    (root / "trajectories" / "step_000001.parquet").write_bytes(b"PAR1")
+    ck = root / "checkpoints" / "step_1-abcd1234"
+    ck.mkdir(parents=True)
+    (ck / "state.json").write_text("{}")
+    (root / "checkpoints" / "latest").write_text(ck.name + "\n")
+    return root
+
+
+@pytest.fixture
+def away(tmp_path, monkeypatch):
+    """Work from a directory beside the ones under test (the cwd guard is not what refuses here)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return tmp_path
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """A model load fails the test: bad input must be found before."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    for target in ("ziprl.policy.make_engine", "ziprl.learner.trainer.Trainer.__init__"):
+        monkeypatch.setattr(target, refuse)
+
+
+@pytest.mark.parametrize("main", [train.main, launch.main], ids=["train", "launch"])
+def test_overwrite_refuses_a_directory_that_is_not_a_run(main, away, capsys, no_models):
+    """The reproduction: --overwrite pointed at a project checkout deleted it, .git included."""
+    proj = checkout(away / "project")
+    before = snapshot(proj)
+    assert main(["--out", str(proj), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"no {MARKER} marker" in err and ".git" in err and "delete it yourself" in err, err
+    assert snapshot(proj) == before
+
+
+def test_overwrite_refuses_a_run_holding_a_foreign_file(away):
+    run = marked_run(away / "run")
+    (run / "notes.txt").write_text("my notes")
+    before = snapshot(run)
+    with pytest.raises(RunDirError, match=r"entries a ZipRL run does not write \(notes\.txt\).*move them out"):
+        prepare_run_dir(run, resume=False, overwrite=True)
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_a_marked_run(away):
+    run = marked_run(away / "run")
+    assert "command" in json.loads((run / MARKER).read_text())  # the marker says what made the run
+    assert prepare_run_dir(run, resume=False, overwrite=True, command="again") is None
+    assert [p.name for p in run.iterdir()] == [MARKER]
+    assert read_marker(run)["command"] == "again" and read_marker(run)["format"] == 1
+
+
+@pytest.mark.parametrize("where", ["tb", "checkpoints/step_1-abcd1234/extra"])
+def test_overwrite_never_follows_a_symlink_out_of_the_run(where, away):
+    outside = away / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "data.bin").write_bytes(b"precious")
+    (outside / "deep" / "x.txt").write_text("precious")
+    run = marked_run(away / "run")
+    link = run / where
+    if link.is_dir():
+        shutil.rmtree(link)
+    link.symlink_to(outside, target_is_directory=True)
+    before, outside_before = snapshot(run), snapshot(outside)
+    with pytest.raises(RunDirError, match=f"symbolic links \\({where}\\)"):
+        prepare_run_dir(run, resume=False, overwrite=True)
+    assert snapshot(outside) == outside_before and snapshot(run) == before
+
+
+def test_out_may_be_a_symlink_to_a_marked_run(away):
+    run = marked_run(away / "run")
+    (away / "link").symlink_to(run, target_is_directory=True)
+    assert prepare_run_dir(away / "link", resume=False, overwrite=True) is None
+    assert (away / "link").is_symlink() and [p.name for p in run.iterdir()] == [MARKER]
+    proj = checkout(away / "project")
+    (away / "plink").symlink_to(proj, target_is_directory=True)
+    before = snapshot(proj)
+    with pytest.raises(RunDirError, match="no .ziprl-run marker"):
+        prepare_run_dir(away / "plink", resume=False, overwrite=True)
+    assert snapshot(proj) == before
+
+
+def test_a_fresh_run_is_marked_and_a_bare_marker_is_no_run(away):
+    out = away / "fresh"
+    assert prepare_run_dir(out, resume=False, overwrite=False) is None
+    marker = read_marker(out)
+    assert marker["format"] == 1 and marker["created"] and isinstance(marker["command"], str)
+    assert prepare_run_dir(out, resume=False, overwrite=False) is None  # a run that wrote nothing: reused
+
+
+@pytest.mark.parametrize("main", [train.main, launch.main], ids=["train", "launch"])
+def test_bad_input_is_reported_before_the_run_is_deleted(main, away, capsys, no_models):
+    """The reproduction: --overwrite deleted the run, then reported the missing dataset."""
+    run = marked_run(away / "run")
+    before = snapshot(run)
+    assert main(["--out", str(run), "--overwrite", "--set", f"data.dataset={away / 'missing.jsonl'}"]) == 2
+    assert "does not exist; pass a dataset" in capsys.readouterr().err
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("setting", ["retriever.corpus=NOPE", "retriever.index_dir=NOPE", "retriever.encoder=NOPE",
+                                     "model.path=NOPE", "run.sft_checkpoint=NOPE"])
+def test_every_input_path_is_checked_before_the_run_is_deleted(setting, away, capsys, no_models):
+    run = marked_run(away / "run")
+    before = snapshot(run)
+    assert train.main(["--out", str(run), "--overwrite", "--set", setting.replace("NOPE", str(away / "nope"))]) == 2
+    assert str(away / "nope") in capsys.readouterr().err
+    assert snapshot(run) == before
+
+
+NAME = st.text(st.characters(exclude_characters="/\0"), min_size=1, max_size=12).filter(lambda n: n not in (".", ".."))
+TREE = st.recursive(st.binary(max_size=8), lambda kids: st.dictionaries(NAME, kids, min_size=1, max_size=4),
+                    max_leaves=12)
+
+
+def build(root: Path, tree: dict) -> None:
+    for name, sub in tree.items():
+        if isinstance(sub, dict):
+            (root / name).mkdir()
+            build(root / name, sub)
+        else:
+            (root / name).write_bytes(sub)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=st.dictionaries(NAME, TREE, min_size=1, max_size=5), marked=st.booleans())
+def test_overwrite_never_removes_anything_that_is_not_a_marked_run(tree, marked, away):
+    """Any tree (odd Unicode names included) without the marker, or with it and a foreign entry, is left whole."""
+    tree = {k: v for k, v in tree.items() if k != MARKER}
+    assume(tree or marked)
+    if marked:
+        tree = {**tree, MARKER: b'{"format": 1}', "foreign\u202e\U0001f600": b"x"}
+    root = away / uuid.uuid4().hex
+    root.mkdir()
+    build(root, tree)
+    before = snapshot(root)
+    with pytest.raises(RunDirError, match="nothing was deleted"):
+        prepare_run_dir(root, resume=False, overwrite=True)
+    assert snapshot(root) == before

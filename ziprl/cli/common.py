@@ -1,8 +1,13 @@
-"""What several commands parse the same way: config overrides from flags, and the arguments of a training run."""
+"""What several commands share: config overrides from flags, the arguments of a training run, and the check of
+its inputs that comes before its run directory is touched."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
+
+from ziprl.config import ZipRLConfig
 
 
 def overrides(flags: dict[str, object], sets: list[str]) -> list[str]:
@@ -16,7 +21,9 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--out")
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--overwrite", action="store_true", help="delete the run already in --out and start afresh")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the ZipRL run in --out (only a directory marked as one by an earlier run, holding "
+                         "only what a run writes)")
     ap.add_argument("--sft-checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
 
@@ -25,3 +32,37 @@ def run_flags(args: argparse.Namespace) -> dict[str, object]:
     """The config fields :func:`add_run_arguments`'s flags set."""
     return {"learner.steps": args.steps, "run.out_dir": args.out, "run.sft_checkpoint": args.sft_checkpoint,
             "run.resume": True if args.resume else None}
+
+
+def command_line(prog: str, argv: list[str]) -> str:
+    """The command as a shell would take it back (recorded in the run marker)."""
+    return shlex.join([f"python -m {prog}", *argv])
+
+
+def check_inputs(cfg: ZipRLConfig) -> None:
+    """Raise on a bad input of a training run before anything is written or deleted (seconds, no model loads).
+
+    Model and SFT checkpoint directories are checked, not loaded; the dataset's questions are loaded with the
+    loader's own validation; an explicit corpus is read up to its first passage; index, encoder and
+    embedding paths must exist.
+    """
+    from ziprl.env.corpus import CorpusError, iter_corpus
+    from ziprl.env.datasets import NAMES, corpus_for, load_dataset
+    from ziprl.env.index_files import RetrieverError
+    from ziprl.policy.models import check_model_paths
+
+    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
+    load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    r = cfg.retriever
+    corpus = r.corpus
+    if corpus is None and r.index_dir is None and cfg.data.dataset not in NAMES:
+        corpus = str(corpus_for(cfg.data.dataset))  # a QA file's neighbour (a lookup, nothing is built)
+    if corpus is not None and next(iter_corpus(corpus), None) is None:
+        raise CorpusError(f"corpus {corpus} is empty; it needs at least one passage line")
+    if r.index_dir is not None and r.corpus is None and not Path(r.index_dir).expanduser().is_dir():
+        raise RetrieverError(f"retriever.index_dir {r.index_dir} does not exist; rebuild it with: python -m ziprl.index "
+                             f"build --corpus CORPUS.jsonl --out {r.index_dir}")
+    for field, value, ok in (("retriever.encoder", r.encoder, Path.is_dir),
+                             ("retriever.embeddings", r.embeddings, Path.is_file)):
+        if value is not None and not ok(Path(value).expanduser()):
+            raise RetrieverError(f"{field} {value} does not exist; set it to an existing path, or null for the default")

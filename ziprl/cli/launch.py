@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ziprl.cli.common import add_run_arguments, overrides, run_flags
+from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
 from ziprl.errors import run_command
-from ziprl.policy.models import check_model_paths
-from ziprl.rundir import prepare_run_dir
+from ziprl.rundir import apply_run_dir, plan_run_dir
 
 
 @run_command
@@ -32,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     flags = {"ray.num_rollout_actors": args.num_rollout_actors, "ray.address": args.address} | run_flags(args)
     cfg = load_config(args.config, overrides(flags, args.set))
-    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
-    prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    check_inputs(cfg)
+    apply_run_dir(plan, command_line("ziprl.launch", argv or []))  # the first write or delete, once every input is good
     from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
     launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command

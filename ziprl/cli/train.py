@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ziprl.cli.common import add_run_arguments, overrides, run_flags
+from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
 from ziprl.errors import run_command
 from ziprl.learner.in_process import train
-from ziprl.policy.models import check_model_paths
-from ziprl.rundir import prepare_run_dir
+from ziprl.rundir import apply_run_dir, plan_run_dir
 
 
 @run_command
@@ -27,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, overrides(run_flags(args), args.set))
-    check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
-    prepare_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    check_inputs(cfg)
+    apply_run_dir(plan, command_line("ziprl.train", argv or []))  # the first write or delete, once every input is good
     last = train(cfg)
     print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})
     return 0
