@@ -272,7 +272,9 @@ def test_every_input_path_is_checked_before_the_run_is_deleted(setting, away, ca
     assert snapshot(run) == before
 
 
-NAME = st.text(st.characters(exclude_characters="/\0"), min_size=1, max_size=12).filter(lambda n: n not in (".", ".."))
+NAME = st.one_of(st.text(st.characters(codec="utf-8", exclude_characters="/\0"), min_size=1, max_size=12),
+                st.binary(min_size=1, max_size=8).filter(lambda b: b"/" not in b and b"\0" not in b).map(os.fsdecode),
+                ).filter(lambda n: n not in (".", ".."))  # odd Unicode, and bytes that are not UTF-8 at all
 TREE = st.recursive(st.binary(max_size=8), lambda kids: st.dictionaries(NAME, kids, min_size=1, max_size=4),
                     max_leaves=12)
 
