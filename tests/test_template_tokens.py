@@ -130,8 +130,9 @@ huge = st.builds(lambda piece, n: piece * n, st.sampled_from(TOKENS), st.integer
 outputs = st.one_of(turns, poisoned, huge, st.builds(lambda t, p: t.replace("</", p + "</", 1), turns, poisoned))
 
 
-@settings(max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(st.sampled_from(STRATEGIES.names()), st.lists(outputs, min_size=1, max_size=4), poisoned, poisoned, poisoned)
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(STRATEGIES.names()), st.lists(outputs, min_size=1, max_size=4), poisoned,
+       st.one_of(poisoned, huge), poisoned)
 def test_no_template_token_and_no_forged_hit_for_any_text(strategy, responses, title, text, question):
     corpus = [Passage("p1", "Paris " + title, "Paris " + text), *PASSAGES]
     example = QAExample("q", question, ["Paris"])
