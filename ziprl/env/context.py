@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ziprl.config import EnvConfig
-from ziprl.env.protocol import escape
+from ziprl.env.protocol import escape, escape_observation
 from ziprl.scoring.levels import level_spec
 
 
@@ -36,8 +36,9 @@ class Note:
 
 
 def render_observation(obs: Observation) -> str:
-    """An observation as the agent sees it (label and text escaped)."""
-    return f"OBSERVATION (turn {obs.turn}, {escape(obs.label)}):\n<observation>\n{escape(obs.text)}\n</observation>"
+    """An observation as the agent sees it (label and text escaped, the text's hit markers kept)."""
+    return (f"OBSERVATION (turn {obs.turn}, {escape(obs.label)}):\n<observation>\n{escape_observation(obs.text)}\n"
+            "</observation>")
 
 
 @dataclass

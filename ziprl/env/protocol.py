@@ -10,8 +10,12 @@ The action tags are the registered tools (:data:`ziprl.registry.TOOLS`). Parsing
 
 Text from outside the model (passages, titles, tool results, teacher notes, the question) passes through
 :func:`escape` before it enters a prompt or a training target; :func:`scrub` is its first half, for raw text an
-observation stores. Search-hit lines start with :data:`HIT_MARK`, which scrub removes from any other text, so a
-passage cannot forge a hit line (:func:`parse_hits` reads only marked lines).
+observation stores. The model's own turns, shown back to it (``react``), pass through :func:`defuse`. Neither
+output holds a chat-template control token (``<|im_end|>``, ``<s>``, ``<<SYS>>``, ``<start_of_turn>``,
+``[INST]``, ...), so text tokenized with any tokenizer's special tokens parsed cannot forge a turn.
+Search-hit lines start with :data:`HIT_MARK`, which scrub removes from any other text and
+:func:`escape_observation` keeps in a tool's observation, so a passage cannot forge a hit line in a prompt
+(:func:`parse_hits` reads only marked lines).
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ _ASCII_LEVEL_RE = re.compile(r"^[ \t]*([1-5])[ \t]*$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 HIT_MARK = "\u2023"  # '‣' opens every search-hit line; scrub() replaces it in all other text
 HIT_LINE_RE = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] (.*)$", re.MULTILINE)
+# the '[' of a bracketed all-caps word: [INST], [/INST], [SYSTEM_PROMPT], [TOOL_CALLS], [SEP], [gMASK]
+_BRACKET_TOKEN_RE = re.compile(r"\[(?=/?[a-z]?[A-Z][A-Z0-9_]*\])")
+_ENTITIES = {"&amp;": "&", "&lt;": "<", "&gt;": ">", "&#91;": "["}
+_ENTITY_RE = re.compile("|".join(_ENTITIES))
 
 
 @dataclass(frozen=True)
@@ -46,15 +54,36 @@ def _tag_re(actions: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(rf"<(/?)({'|'.join(('think', 'compress', *actions))})\b([^<>]*)>", re.IGNORECASE)
 
 
+@lru_cache(maxsize=8)
+def _stray_lt_re(actions: tuple[str, ...]) -> re.Pattern[str]:
+    """A '<' that does not open a protocol tag."""
+    return re.compile(rf"<(?!/?(?:{'|'.join(('think', 'compress', *actions))})\b)", re.IGNORECASE)
+
+
 def scrub(text: str) -> str:
     """Raw outside text made safe to store: lone surrogates become U+FFFD, the hit marker becomes '>'."""
     return _SURROGATE_RE.sub("\ufffd", text).replace(HIT_MARK, ">")
 
 
 def escape(text: str) -> str:
-    """Neutralise untrusted text so it can never open or close a protocol or chat tag (``<|im_end|>`` included),
-    forge a hit line, or carry a lone surrogate into a tokenizer."""
-    return scrub(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Neutralise untrusted text so it can never open or close a protocol tag, hold a chat-template control token
+    (no ``<`` or ``>`` is left, and the ``[`` of ``[INST]``-like words becomes ``&#91;``), forge a hit line, or
+    carry a lone surrogate into a tokenizer. :func:`unescape` inverts it on scrubbed text."""
+    text = scrub(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _BRACKET_TOKEN_RE.sub("&#91;", text)
+
+
+def defuse(text: str, actions: tuple[str, ...] | None = None) -> str:
+    """The model's own turn as shown back to it: its protocol tags kept, every other ``<`` and the ``[`` of
+    ``[INST]``-like words escaped, so it holds no chat-template control token (and no hit marker)."""
+    text = _stray_lt_re(TOOLS.names() if actions is None else actions).sub("&lt;", scrub(text))
+    return _BRACKET_TOKEN_RE.sub("&#91;", text)
+
+
+def escape_observation(text: str) -> str:
+    """A tool's observation (built by :func:`format_hits` / :func:`format_passage`, which scrub every part from
+    outside, so each hit marker in it is the env's) escaped for a prompt: as :func:`escape`, markers kept."""
+    return HIT_MARK.join(escape(part) for part in text.split(HIT_MARK))
 
 
 def _one_line(text: str) -> str:
@@ -79,7 +108,7 @@ def parse_hits(text: str) -> list[tuple[str, str]]:
 
 def unescape(text: str) -> str:
     """Inverse of :func:`escape` (used when a model copies escaped observation text into its output)."""
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    return _ENTITY_RE.sub(lambda m: _ENTITIES[m.group(0)], text)
 
 
 def _parse_level(attrs: str) -> tuple[int | None, str | None]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ziprl.env.context import ContextState, Observation, Strategy, render_observation
 from ziprl.env.prompts import THINK_FORMAT, head
-from ziprl.env.protocol import escape
+from ziprl.env.protocol import defuse, escape
 from ziprl.registry import STRATEGIES
 
 REJECTED_KEEP = 2000  # at most this many characters of a rejected response are kept (memory stays bounded)
@@ -14,7 +14,8 @@ REJECTED_KEEP = 2000  # at most this many characters of a rejected response are 
 
 @dataclass
 class HistoryContext(ContextState):
-    """Chat history: each turn's response, then the observation it produced, as assistant/user messages."""
+    """Chat history: each turn's response (defused: protocol tags kept, no template token), then the observation
+    it produced, as assistant/user messages."""
 
     history: list[tuple[str, str]] = field(default_factory=list)  # (assistant text, user text)
 
@@ -30,7 +31,7 @@ class HistoryContext(ContextState):
     def messages(self, system: str, turn: int, max_turns: int) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {escape(self.question)}"}]
         for assistant, user in self.history:
-            msgs.append({"role": "assistant", "content": assistant})
+            msgs.append({"role": "assistant", "content": defuse(assistant)})
             msgs.append({"role": "user", "content": user or "(no observation)"})
         footer = self.render_notice() + f"Turn {turn} of {max_turns}."
         msgs[-1] = {"role": "user", "content": msgs[-1]["content"] + "\n\n" + footer}
