@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
         atomic_write_text(out, render_page(run, static=True))
         print(f"[view] wrote {out} ({run.num_episodes} episodes)")
         return 0
+    server = make_server(run, args.host, args.port)
     if args.host not in LOCAL_HOSTS:
         print(f"[view] warning: binding {args.host} lets other machines read these trajectories", file=sys.stderr)
-    server = make_server(run, args.host, args.port)
     print(f"[view] {run.num_episodes} episodes: {_url(args.host, server.server_address[1])} (Ctrl-C to stop)",
           flush=True)
     try:
