@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.viewer_data import write_run
@@ -174,7 +174,8 @@ _PATHS = st.sampled_from([
     "/", "/index.html", "/api/episode/0", "/api/episode/-1", "/api/episode/1.5", "/api/episode/" + "9" * 5000,
     "/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/%252e%252e/etc/passwd", "/?q=%00%ff", "/api/episode/0?x=1",
     "/%ZZ", "/api/episode/%F0%9F%98%80",
-]) | st.text(max_size=300).map(lambda s: "/" + s) | st.from_regex(r"/api/episode/-?[0-9]{0,30}(\.[0-9]+)?", fullmatch=True)
+]) | st.text(max_size=300).map(lambda s: "/" + s) | st.from_regex(r"/api/episode/-?[0-9]{0,30}(\.[0-9]+)?", fullmatch=True) \
+    | st.integers(0, 6000).map(lambda n: "/api/episode/" + "9" * n)
 _VERSIONS = st.sampled_from(["HTTP/1.0", "HTTP/1.1", "HTTP/2.0", "HTTP/1.1x", "HTTP/9", "", "FOO"])
 _HOSTS = st.sampled_from([None, "localhost", "127.0.0.1:1", "[::1]", "[::1]:8265", "evil.example", "", "\u00ff"])
 _HEADERS = st.lists(st.tuples(st.text(max_size=20), st.text(max_size=100)), max_size=5)
@@ -203,6 +204,9 @@ def _blank_first_line(request: bytes) -> bool:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(request=requests())
+@example(request=b"GET /api/episode/" + b"9" * 5000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
+@example(request=b"\x00\r\n\r\n")
+@example(request=b"GET /\r\n\r\n")
 def test_random_requests_get_a_status_and_no_traceback(server, request):
     reply = exchange(server.port, request)
     if _blank_first_line(request):
