@@ -13,16 +13,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
+from ziprl.errors import run_command
 from ziprl.paths import atomic_write_text
 from ziprl.view.data import load_run
 from ziprl.view.page import render_page
-from ziprl.view.server import LOCAL_HOSTS, make_server
+from ziprl.view.server import LOCAL_HOSTS, address_family, make_server
 from ziprl.view.tokens import make_decoder
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _can_create_in(folder: Path) -> bool:
+    """Whether this process can create a file in ``folder`` (tried: permission bits say nothing for root)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def check_out(out: str) -> Path:
+    """The report path ``out``, once a report could be written there; ValueError naming the fix, nothing created."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a file path such as {path / 'report.html'}")
+    if path.exists() and path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out {out} exists and is not an HTML file; refusing to overwrite it: give a new path "
+                         "or an existing .html report")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the nearest existing folder: the missing ones are created when writing
+    if not folder.is_dir():
+        raise ValueError(f"--out {out}: {folder} is a file, not a directory; give a path inside a directory")
+    if not _can_create_in(folder):
+        raise ValueError(f"--out {out}: cannot write in {folder} (no permission or a read-only file system); "
+                         "give a path in a directory you can write")
+    return path
+
+
+def _url(host: str, port: int) -> str:
+    name = "localhost" if host in ("127.0.0.1", "localhost") else f"[{host}]" if ":" in host else host
+    return f"http://{name}:{port}/"
+
+
+@run_command
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ziprl.view", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="run directory or one trajectory Parquet file")
     ap.add_argument("--port", type=int, default=8265, help="0 picks a free port")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (anything but localhost exposes the data)")
@@ -30,24 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="tokenizer directory (tokenizer.json) to decode prompts; 'none' to skip")
     args = ap.parse_args(argv)
     if not 0 <= args.port <= 65535:
-        print(f"error: --port must be in 0..65535, got {args.port}", file=sys.stderr)
-        return 2
-    try:
-        run = load_run(args.path)
-        run.decode = make_decoder(args.tokenizer, run)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.out:
-        out = atomic_write_text(args.out, render_page(run, static=True))
+        raise ValueError(f"--port must be in 0..65535, got {args.port} (--port 0 picks a free port)")
+    out = check_out(args.out) if args.out else None
+    if out is None:
+        address_family(args.host)
+    run = load_run(args.path)
+    for path, why in run.skipped:
+        print(f"[view] warning: skipped {path}: {why}", file=sys.stderr)
+    run.decode = make_decoder(args.tokenizer, run)
+    if out is not None:
+        atomic_write_text(out, render_page(run, static=True))
         print(f"[view] wrote {out} ({run.num_episodes} episodes)")
         return 0
+    server = make_server(run, args.host, args.port)
     if args.host not in LOCAL_HOSTS:
         print(f"[view] warning: binding {args.host} lets other machines read these trajectories", file=sys.stderr)
-    server = make_server(run, args.host, args.port)
-    host, port = server.server_address[:2]
-    print(f"[view] {run.num_episodes} episodes: http://{'localhost' if args.host in LOCAL_HOSTS else host}:{port}/ "
-          "(Ctrl-C to stop)", flush=True)
+    print(f"[view] {run.num_episodes} episodes: {_url(args.host, server.server_address[1])} (Ctrl-C to stop)",
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,7 +1,9 @@
 """Load the trajectory Parquet files of a run: a compact episode index, one episode's turns, per-step stats.
 
 Reading is tolerant: columns and per-turn fields that a file lacks get defaults, extra ones are ignored,
-so files written by older or newer ZipRL versions still open.
+so files written by older or newer ZipRL versions still open. A file that is no readable trajectory file
+(not Parquet, truncated, a column of the wrong type) is skipped and listed in ``Run.skipped``; a run with no
+readable file at all is a ValueError.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ziprl.env.protocol import parse_turn, unescape
+from ziprl.errors import one_line
 
 INDEX_COLUMNS = ("id", "qid", "question", "gold", "answer", "reward", "em", "f1", "turns", "strategy", "version",
                  "step", "finished", "errors", "source", "tokens")
@@ -46,6 +49,7 @@ class Run:
     name: str
     sources: list[Source] = field(default_factory=list)
     decode: Callable[[list[int]], str] | None = None  # prompt ids -> text, when a tokenizer is available
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # files left out, and why
 
     @property
     def num_episodes(self) -> int:
@@ -65,14 +69,18 @@ def find_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is neither a trajectory Parquet file nor a run directory")
-    steps = sorted((path / "trajectories").glob("step_*.parquet"), key=lambda p: _step_of(p) or 0)
-    files = steps + sorted(path.glob("trajectories_*.parquet"))
+    steps = sorted(_files(path / "trajectories", "step_*.parquet"), key=lambda p: _step_of(p) or 0)
+    files = steps + sorted(_files(path, "trajectories_*.parquet"))
     if not files:
-        files = sorted(path.rglob("*.parquet"))
+        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
     if not files:
         raise FileNotFoundError(f"no trajectory Parquet files under {path} (expected trajectories/step_*.parquet "
                                 "from train/launch or trajectories_<strategy>.parquet from eval)")
     return files
+
+
+def _files(folder: Path, pattern: str) -> list[Path]:
+    return [p for p in folder.glob(pattern) if p.is_file()]
 
 
 def _step_of(path: Path) -> int | None:
@@ -88,21 +96,81 @@ def _label(path: Path, step: int | None) -> str:
     return path.stem
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (pa.types.is_dictionary(t) and _is_text(t.value_type))
+
+
+def _is_list_of(inner: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    return lambda t: (pa.types.is_list(t) or pa.types.is_large_list(t)) and (inner(t.value_type) or pa.types.is_null(t.value_type))
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+_TEXT, _INT, _NUMBER = ("text", _is_text), ("an integer", pa.types.is_integer), ("a number", _is_number)
+_TEXT_LIST, _INT_LIST = ("a list of text", _is_list_of(_is_text)), ("a list of integers", _is_list_of(pa.types.is_integer))
+# The type each column (and per-turn field) the viewer reads must have, when a file has it (a null column is absent).
+COLUMN_TYPES = {"question_id": _TEXT, "question": _TEXT, "answers": _TEXT_LIST, "reward": _NUMBER, "em": _NUMBER,
+                "f1": _NUMBER, "strategy": _TEXT, "policy_version": _INT, "finished": _NUMBER, "group_id": _TEXT,
+                "sample_index": _INT}
+TURN_TYPES = {"response_text": _TEXT, "action": _TEXT, "level": _INT, "q_com": _NUMBER, "response_tokens": _INT,
+              "prompt_ids": _INT_LIST}
+
+
+def _is_turns(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """Why a table with ``schema`` is no trajectory table the viewer can show (None if it is one)."""
+    for name in ("question", "turns"):
+        if name not in schema.names:
+            return f"no {name!r} column (columns: {', '.join(schema.names[:8])})"
+    if not _is_turns(schema.field("turns").type):
+        return f"column 'turns' is {schema.field('turns').type}, expected a list of per-turn structs"
+    fields = {f.name: f.type for f in schema}
+    turn_fields = {f.name: f.type for f in schema.field("turns").type.value_type}
+    for where, types, have in (("column", COLUMN_TYPES, fields), ("per-turn field", TURN_TYPES, turn_fields)):
+        for name, (kind, ok) in types.items():
+            if name in have and not (pa.types.is_null(have[name]) or ok(have[name])):
+                return f"{where} {name!r} is {have[name]}, expected {kind}"
+    return None
+
+
+def read_source(path: Path) -> pa.Table:
+    """One trajectory file's table; ValueError saying why it is not one."""
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, MemoryError) as exc:
+        raise ValueError(f"not a readable Parquet file ({one_line(exc)[:200]})") from None
+    problem = schema_problem(table.schema)
+    if problem:
+        raise ValueError(f"not a ZipRL trajectory file: {problem}")
+    return table
+
+
 def load_run(path: str | Path, decode: Callable[[list[int]], str] | None = None) -> Run:
-    """Open every trajectory file of a run (a directory) or one file."""
+    """Open every trajectory file of a run (a directory) or one file; unreadable ones go to ``Run.skipped``."""
     path = Path(path)
     run = Run(name=path.name or str(path), decode=decode)
     first = 0
     for f in find_files(path):
         try:
-            table = pq.read_table(f)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ValueError(f"{f} is not a readable Parquet file: {exc}") from None
-        if "turns" not in table.column_names or "question" not in table.column_names:
-            raise ValueError(f"{f} is not a ZipRL trajectory file (columns: {table.column_names[:8]})")
+            table = read_source(f)
+        except ValueError as exc:
+            run.skipped.append((f, str(exc)))
+            continue
         step = _step_of(f)
         run.sources.append(Source(f, _label(f, step), step, table, first))
         first += table.num_rows
+    if not run.sources:
+        f, why = run.skipped[0]
+        n = len(run.skipped)
+        what = f"{f} is {why}" if n == 1 else f"no readable trajectory file of the {n} files under {path}: " \
+                                              f"{f} is {why} (and {n - 1} more)"
+        raise ValueError(f"{what}; point at a run directory or a trajectory Parquet file written by ziprl.train, "
+                         "ziprl.launch or ziprl.eval")
     return run
 
 
@@ -115,7 +183,8 @@ def _column(table: pa.Table, name: str, default: Any) -> list[Any]:
 def _turn_field(turns: pa.ListArray, name: str) -> pa.Array | None:
     """One per-turn field over all turns of all episodes (flattened), or None if the files lack it."""
     values = turns.flatten()
-    return values.field(name) if name in {f.name for f in values.type} else None
+    types = {f.name: f.type for f in values.type}
+    return values.field(name) if name in types and not pa.types.is_null(types[name]) else None
 
 
 def final_answer(response_text: str) -> str:
@@ -151,7 +220,7 @@ def _source_index(s: Source) -> list[list[Any]]:
     for i in range(t.num_rows):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
         answer = final_answer(texts[hi - 1]) if hi > lo and actions[hi - 1] == "answer" else ""
-        rows.append([s.first_id + i, cols["question_id"][i], cols["question"][i], " | ".join(cols["answers"][i]), answer,
+        rows.append([s.first_id + i, cols["question_id"][i], cols["question"][i], " | ".join(a for a in cols["answers"][i] if a is not None), answer,
                      round(float(cols["reward"][i]), 4), round(float(cols["em"][i]), 4), round(float(cols["f1"][i]), 4),
                      int(n_turns[i]), cols["strategy"][i], int(cols["policy_version"][i]), s.step,
                      bool(cols["finished"][i]), int(err_counts[i]), s.label, int(tok_counts[i])])

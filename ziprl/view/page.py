@@ -26,20 +26,25 @@ HERE = Path(__file__).parent
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-def finite(obj: Any) -> Any:
-    """``obj`` with NaN and infinities replaced by None (JSON has neither), recursively."""
+def json_safe(obj: Any) -> Any:
+    """``obj`` as JSON values, recursively: NaN and infinities as None (JSON has neither), bytes as hex, anything
+    else JSON lacks (dates, decimals from odd Parquet columns) as its text."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [finite(v) for v in obj]
-    return obj
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if obj is None or isinstance(obj, str | int):
+        return obj
+    return str(obj)
 
 
 def script_json(obj: Any) -> Markup:
     """JSON that is safe inside a <script> element: no '<', '>', '&' (so no '</script>') and no U+2028/2029."""
-    text = json.dumps(finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(json_safe(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return Markup("".join(_JSON_ESCAPES.get(c, c) for c in text))
 
 
@@ -70,7 +75,7 @@ def content_security_policy(js: str, css: str, served: bool) -> str:
 def render_page(run: Run, static: bool) -> str:
     """The whole page: static pages embed every episode; served pages fetch episodes from /api/episode/<id>."""
     js, css = assets()
-    stats = finite(step_stats(run))
+    stats = json_safe(step_stats(run))
     episodes = {str(i): episode(run, i) for i in range(run.num_episodes)} if static else None
     return _env().get_template("page.html.j2").render(
         title=f"ZipRL trajectories: {run.name}", run_name=run.name, index=build_index(run), episodes=episodes,

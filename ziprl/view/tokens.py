@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ziprl.errors import one_line
 from ziprl.view.data import Run
 
 
@@ -39,13 +40,21 @@ def make_decoder(spec: str | None, run: Run) -> Callable[[list[int]], str] | Non
         return None
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise FileNotFoundError(f"--tokenizer {spec}: no tokenizer.json there (give a HF model/tokenizer directory)")
+        raise FileNotFoundError(f"--tokenizer {spec}: no tokenizer.json there; give a HF model/tokenizer directory "
+                                "or --tokenizer none")
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(file))
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise ValueError(f"--tokenizer: {file} is not a tokenizer.json the tokenizers library reads "
+                         f"({one_line(exc)}); give the directory of the model that wrote the run, "
+                         "or --tokenizer none") from None
+    vocab = tok.get_vocab_size(with_added_tokens=True)
 
     def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=False)
+        """The text of ``ids``; ids this tokenizer does not have (negative, past its vocabulary) are left out."""
+        return tok.decode([i for i in ids if 0 <= i < vocab], skip_special_tokens=False)
 
     sample = _first_prompt(run)
     if sample is not None and "Question: " not in decode(sample):
