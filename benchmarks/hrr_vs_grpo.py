@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -69,6 +68,7 @@ def read_run(run_dir: Path, steps: int) -> list[dict] | None:
 def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[dict]:
     """Per-step metrics of one (seed, w) run; a run finished earlier (same --out) is read, not redone."""
     from ziprl.learner.in_process import train
+    from ziprl.rundir import prepare_run_dir
 
     run_dir = out / f"w{w:g}_seed{seed}"
     cfg = load_config(None, base + [f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",
@@ -76,7 +76,7 @@ def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> lis
     done = read_run(run_dir, cfg.learner.steps)
     if done is not None:
         return done
-    shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run starts over
+    prepare_run_dir(run_dir, resume=False, overwrite=True)  # an interrupted run starts over (a marked run only)
     train(cfg, progress=True)
     return read_run(run_dir, cfg.learner.steps)
 

@@ -111,12 +111,10 @@ def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -
 
     from ziprl.actors.launch import launch
     from ziprl.config import load_config
+    from ziprl.rundir import prepare_run_dir
 
     out = ROOT / "runs" / f"scale_sim_s{staleness}_{transport}"
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    prepare_run_dir(out, resume=False, overwrite=True)  # replaces only a marked run of this script
     cpus_per_actor = round(0.8 / args.actors, 4)
     cfg = load_config(ROOT / "configs" / "paper.yaml", [
         f"run.out_dir={out}", f"run.sft_checkpoint={model}", f"learner.steps={args.steps}",
