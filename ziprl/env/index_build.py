@@ -488,13 +488,14 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
     """
     src = Path(faiss_file).expanduser()
     if not src.is_file():
-        raise RetrieverError(f"FAISS index file {src} does not exist")
+        raise RetrieverError(f"FAISS index file {src} does not exist; pass the path of a file faiss.write_index wrote")
     out = Path(out_dir).expanduser()
     _check_out(out)
     try:
         index = faiss.read_index(str(src), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-    except RuntimeError as exc:
-        raise RetrieverError(f"{src} is not a FAISS index file ({str(exc).strip().splitlines()[-1][:120]})") from None
+    except RuntimeError:
+        raise RetrieverError(f"{src} is not a FAISS index file (faiss.read_index cannot read it); pass a file "
+                             "faiss.write_index wrote") from None
     encoder = encoder or Encoder()
     if index.d != encoder.dim:
         raise RetrieverError(f"FAISS index {src} holds {index.d}-dim vectors but encoder {encoder.encoder_id} gives "
