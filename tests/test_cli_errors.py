@@ -56,6 +56,11 @@ def cases(d: Path) -> dict[str, tuple]:
     (d / "busy" / "metrics.jsonl").write_text("{}\n")
     for damage in ("dangling", "truncated", "bad_state"):
         checkpoint_run(d / damage, damage)
+    import numpy as np
+
+    nan = np.zeros((2, 384), np.float32)
+    nan[1, 0] = np.nan
+    np.save(d / "nan.npy", nan)
     out = ["--out", str(d / "fresh")]
     corpus = lambda name: ["--set", f"retriever.corpus={d / name}"]  # noqa: E731
     return {
@@ -84,6 +89,14 @@ def cases(d: Path) -> dict[str, tuple]:
         "sft missing demos": (sft.main, ["--demos", str(d / "nope.parquet"), "--out", str(d / "sft")]),
         "index build missing corpus": (index.main, ["build", "--corpus", str(d / "nope.jsonl"), "--out", str(d / "i")]),
         "index search missing index": (index.main, ["search", "--index", str(d / "noindex"), "q"]),
+        "eval bad YAML in --set": (eval_cmd.main, ["--set", "env.max_turns=[1"]),
+        "eval YAML tag in --set": (eval_cmd.main, ["--set", "env.max_turns=!!python/object/apply:os.getcwd []"]),
+        "eval --out is a file": (eval_cmd.main, ["--out", str(d / "good.jsonl")]),
+        "eval --out under a file": (eval_cmd.main, ["--out", str(d / "good.jsonl" / "sub")]),
+        "index build IVF on too few vectors": (index.main, ["build", "--corpus", str(d / "good.jsonl"), "--out",
+                                                           str(d / "i"), "--index", "IVF4096,Flat", "--no-progress"]),
+        "index build NaN embeddings": (index.main, ["build", "--corpus", str(d / "good.jsonl"), "--out", str(d / "i"),
+                                                    "--embeddings", str(d / "nan.npy"), "--no-progress"]),
     }
 
 
@@ -108,6 +121,12 @@ NEEDLES = {  # what each message must say (the problem and, where there is one, 
     "launch non-UTF-8 YAML": "save it as UTF-8", "eval non-UTF-8 YAML": "save it as UTF-8",
     "sft missing demos": "write one with", "index build missing corpus": "does not exist",
     "index search missing index": "rebuild it with",
+    "eval bad YAML in --set": "env.max_turns: not valid YAML (line 1, column 3: expected ',' or ']'",
+    "eval YAML tag in --set": "YAML tag !!python/object/apply:os.getcwd is not allowed",
+    "eval --out is a file": "is a file; eval writes a directory of reports: pass a directory for --out",
+    "eval --out under a file": "good.jsonl is a file; eval writes a directory of reports",
+    "index build IVF on too few vectors": "trains on 2 vectors but needs >= 4096 (its IVF lists); use a smaller nlist",
+    "index build NaN embeddings": "nan.npy row 1 is not finite (NaN or inf)",
 }
 
 
@@ -149,6 +168,27 @@ def test_a_bug_is_exit_1_and_one_line(capsys):
     assert broken([]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--debug" in err and "boom second line" in err
+
+
+@pytest.mark.parametrize("exc", [KeyError("k"), ValueError("v"), OSError("o"), IndexError("i"), TypeError("t")])
+def test_bare_errors_from_inside_are_bugs_not_the_users_fault(exc, capsys):
+    @run_command
+    def broken(argv):
+        raise exc
+
+    assert broken([]) == 1
+    assert capsys.readouterr().err.startswith(f"internal error ({type(exc).__name__})")
+
+
+def test_path_errors_name_the_path_and_the_fix(tmp_path, capsys):
+    @run_command
+    def opens(argv):
+        open(argv[0]).close()
+
+    assert opens([str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'nope'}: No such file or directory; check the path\n"
+    assert opens([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}: Is a directory; pass a file, not a directory\n"
 
 
 def test_every_command_is_behind_the_boundary():

@@ -88,10 +88,17 @@ def test_chunked_build_equals_one_shot(data, encoder, tmp_path, index_type):
 
 
 def _crash_on_fourth_chunk(monkeypatch) -> dict:
-    """Make the 4th chunk read raise KeyboardInterrupt (a machine going down after 3 chunks); returns the counters:
-    ``n`` reads so far (set it negative to stop crashing), ``rows`` rows read."""
-    calls = {"n": 0, "rows": 0}
-    real = IB.NpyVectors.rows
+    """Make the 4th chunk read of the build (the finite check's reads aside) raise KeyboardInterrupt (a machine going
+    down after 3 chunks); returns the counters: ``n`` reads so far (set it negative to stop crashing), ``rows`` rows
+    read, ``checks`` finite checks run."""
+    calls = {"n": 0, "rows": 0, "checks": 0}
+    real, real_check = IB.NpyVectors.rows, IB.check_finite
+
+    def check(source, name, chunk_size):
+        calls["checks"] += 1
+        monkeypatch.setattr(IB.NpyVectors, "rows", real)
+        real_check(source, name, chunk_size)
+        monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
 
     def crashing(self, start, stop):
         calls["n"] += 1
@@ -101,6 +108,7 @@ def _crash_on_fourth_chunk(monkeypatch) -> dict:
         return real(self, start, stop)
 
     monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    monkeypatch.setattr(IB, "check_finite", check)
     return calls
 
 
@@ -117,7 +125,7 @@ def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, mon
     calls["rows"] = 0
     calls["n"] = -100
     _build(data, encoder, tmp_path / "idx", **kw)
-    assert calls["rows"] == N - 150  # only what was not checkpointed
+    assert calls["rows"] == N - 150 and calls["checks"] == 1  # only what was not checkpointed, vectors checked once
     assert not partial.exists()
     resumed = Retriever.load(tmp_path / "idx", encoder, nprobe=8)
     monkeypatch.setattr(IB.NpyVectors, "rows", real)
@@ -332,3 +340,46 @@ def test_a_partial_build_from_before_store_vectors_resumes(data, encoder, tmp_pa
     calls["rows"], calls["n"] = 0, -100
     _build(data, encoder, tmp_path / "idx", **kw)
     assert calls["rows"] == N - 150  # resumed, not started over
+
+
+@pytest.mark.parametrize(("index_type", "needle"), [
+    ("IVF4096,Flat", r"IVF4096,Flat' trains on 600 vectors but needs >= 4096 \(its IVF lists\); use a smaller nlist "
+                     r"\(e.g. IVF24,Flat\), or --index flat"),
+    ("IVF8,PQ16x10", r"needs >= 1024 \(its PQ codebooks: 2\^10 centroids each\); use fewer bits per code "
+                     r"\(e.g. PQ16x4\), or --index flat"),
+])
+def test_too_few_training_vectors_fail_before_anything_is_written(data, encoder, tmp_path, index_type, needle):
+    with pytest.raises(RetrieverError, match=needle):
+        _build(data, encoder, tmp_path / "idx", index_type=index_type)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_train_size_below_the_need_names_train_size(data, encoder, tmp_path):
+    with pytest.raises(RetrieverError, match=r"trains on 100 vectors but needs >= 256 .*raise --train-size"):
+        _build(data, encoder, tmp_path / "idx", index_type="IVF256,Flat", train_size=100)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_non_finite_embeddings_fail_before_anything_is_written(data, encoder, tmp_path, bad, suffix):
+    corpus, _, _, x = data
+    x = x.copy()
+    x[N - 3, 7] = bad
+    path = tmp_path / f"bad{suffix}"
+    if suffix == ".npy":
+        np.save(path, x)
+    else:
+        pq.write_table(pa.table({"v": list(x)}), path, row_group_size=100)
+    with pytest.raises(RetrieverError, match=rf"embeddings {path} row {N - 3} is not finite \(NaN or inf\); "
+                                             "re-encode the passages"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=path, progress=False, chunk_size=64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_finite_check_reads_chunk_by_chunk(data, encoder, tmp_path, monkeypatch):
+    corpus, emb, _, _ = data
+    sizes = []
+    rows = IB.NpyVectors.rows
+    monkeypatch.setattr(IB.NpyVectors, "rows", lambda self, a, b: sizes.append(b - a) or rows(self, a, b))
+    build_index(corpus, tmp_path / "o", encoder, embeddings=emb, progress=False, chunk_size=128)
+    assert max(sizes) <= 128 and sum(sizes) == 2 * N  # the check's pass, then the adding pass

@@ -1,9 +1,11 @@
 """The one error boundary of every command: bad input is one line on stderr and exit code 2, never a traceback.
 
 Decorate a command's ``main(argv)`` with :func:`run_command`. ``--debug`` anywhere in the arguments shows the
-full traceback instead. Errors a user can fix (ConfigError and the other ValueErrors the library raises with a
-message that names the fix, missing files, missing packages) exit with 2; anything else is a bug and exits
-with 1, still on one line, asking for a ``--debug`` rerun.
+full traceback instead. Errors a user can fix exit with 2: a :class:`UserError` (ConfigError, DatasetError,
+CorpusError, RetrieverError, ModelPathError, RunDirError, ...: raised where the library checks its input, with a
+message naming the problem and the fix), a path that is missing, unreadable or of the wrong kind, or a missing
+package. Anything else (a bare KeyError, ValueError, OSError, ... from inside the library) is a bug and exits
+with 1, still on one line, asking for a ``--debug`` rerun. Stdlib only, so every layer may raise its errors.
 """
 
 from __future__ import annotations
@@ -12,12 +14,31 @@ import functools
 import sys
 from collections.abc import Callable
 
-USER_ERRORS = (ValueError, OSError, KeyError, ImportError)  # ConfigError, DatasetError, ModelPathError, ...
+
+class UserError(Exception):
+    """Bad input that the user can fix; the message names the problem and the fix. Commands exit 2 on it."""
+
+
+PATH_ERRORS = {  # OSErrors about a path the user gave, and the fix each asks for
+    FileNotFoundError: "check the path",
+    PermissionError: "check its permissions or choose another path",
+    IsADirectoryError: "pass a file, not a directory",
+    NotADirectoryError: "a part of the path is a file, not a directory; check the path",
+    FileExistsError: "choose another path",
+}
+USER_ERRORS = (UserError, ImportError, *PATH_ERRORS)
 DEBUG_FLAG = "--debug"
 
 
 def one_line(exc: BaseException) -> str:
-    """The exception's message on one line (KeyError's quotes dropped), prefixed by its type when it has none."""
+    """The exception's message on one line (KeyError's quotes dropped), prefixed by its type when it has none.
+
+    An OSError that carries only the system's text (``[Errno 2] No such file or directory: 'x'``) is written as
+    ``x: No such file or directory; <the fix>``.
+    """
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror and len(exc.args) == 2:
+        fix = next((fix for kind, fix in PATH_ERRORS.items() if isinstance(exc, kind)), "check the path")
+        return f"{exc.filename}: {exc.strerror}; {fix}"
     msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
     text = " ".join(str(msg).split())
     return text or type(exc).__name__

@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ziprl.cli.common import overrides
-from ziprl.config import load_config
+from ziprl.config import ConfigError, load_config
 from ziprl.env.demos import build_demos
 from ziprl.errors import run_command
+
+
+def check_out_file(out: Path) -> None:
+    """ConfigError when ``demos.out`` is a directory or lies under a file (found before any episode is played)."""
+    if out.is_dir():
+        raise ConfigError(f"demos.out {out} is a directory; pass a file path for --out, e.g. {out / 'demos.parquet'}")
+    for p in out.parents:
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"demos.out {out}: {p} is a file, not a directory; choose another --out")
 
 
 @run_command
@@ -29,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     flags = {"demos.datasets": args.datasets, "demos.limit": args.limit, "demos.out": args.out}
     cfg = load_config(args.config, overrides(flags, args.set))
+    check_out_file(Path(cfg.demos.out))
     path, counts = build_demos(cfg)
     print(f"[demos] kept {counts['kept']}/{counts['episodes']} episodes ({counts['wrong']} wrong, "
           f"{counts['malformed']} malformed, {counts['no_supporting_titles']} without supporting titles); "

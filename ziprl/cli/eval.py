@@ -24,6 +24,14 @@ from ziprl.evaluation.noise import noise_sweep, parse_noise_levels
 from ziprl.policy.models import check_model_paths
 
 
+def check_out_dir(out: Path) -> None:
+    """ConfigError when ``--out`` or a directory above it is an existing file (eval writes a directory there)."""
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"{p} is a file; eval writes a directory of reports: pass a directory for --out (new "
+                              "or existing), e.g. --out runs/eval")
+
+
 @run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
     cfg = load_config(args.config, overrides(flags, args.set))
+    check_out_dir(Path(args.out))
     levels = parse_noise_levels(args.noise) if args.noise is not None else None
     check_model_paths(cfg.model.path)
     if levels is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ziprl.config import STRATEGIES, EnvConfig, ScoringConfig
+from ziprl.config import STRATEGIES, ConfigError, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.errors import run_command
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--level-scale", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
     env = SearchCompressEnv(EnvConfig(strategy=args.strategy, scoring=ScoringConfig(level_scale=args.level_scale)))
     teacher = ScriptedTeacher()
     for ep in range(args.episodes):

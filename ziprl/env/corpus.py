@@ -20,12 +20,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ziprl.env.types import Passage
+from ziprl.errors import UserError
 from ziprl.paths import atomic_write_bytes
 
 REQUIRED_FIELDS = ("id", "title", "text")
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus file is missing or malformed; the message says where and how to fix it."""
 
 

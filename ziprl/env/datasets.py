@@ -34,6 +34,7 @@ from typing import Any
 from ziprl.config import RetrieverConfig, ZipRLConfig
 from ziprl.env.corpus import write_corpus
 from ziprl.env.types import Passage, QAExample
+from ziprl.errors import UserError
 from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ OPEN_DOMAIN = ("hotpotqa-dev", "musique-dev", "squad")
 NAMES = ("sample", "hotpotqa", "musique", "pooled", *OPEN_DOMAIN)
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset is unknown, missing or malformed; the message says which file and how to fix it."""
 
 

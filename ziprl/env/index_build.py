@@ -93,6 +93,38 @@ def _tune_training(index: faiss.Index) -> None:
             _tune_training(sub)
 
 
+def training_need(index: faiss.Index) -> tuple[int, str]:
+    """The fewest training vectors an index's trainable parts need (FAISS's k-means refuses fewer points than
+    centroids), and which part needs them; (0, "") for an index that trains nothing."""
+    idx = faiss.downcast_index(index)
+    needs = [(0, "")]
+    if isinstance(idx, faiss.IndexIVF):
+        needs.append((idx.nlist, "its IVF lists"))
+    pq = getattr(idx, "pq", None)
+    if isinstance(pq, faiss.ProductQuantizer):
+        needs.append((pq.ksub, f"its PQ codebooks: 2^{pq.nbits} centroids each"))
+    for child in ("base_index", "index", "quantizer", "storage"):
+        sub = getattr(idx, child, None)
+        if isinstance(sub, faiss.Index):
+            needs.append(training_need(sub))
+    return max(needs, key=lambda n: n[0])
+
+
+def check_training_size(index_type: str, index: faiss.Index, count: int, train_size: int) -> None:
+    """RetrieverError, naming the fix, when ``min(train_size, count)`` vectors are too few to train ``index``."""
+    need, part = training_need(index)
+    n = min(train_size, count)
+    if n >= need:
+        return
+    if count >= need:
+        fix = f"raise --train-size (retriever.train_size) to >= {need}"
+    elif part.startswith("its IVF"):
+        fix = f"use a smaller nlist (e.g. IVF{max(1, int(count ** 0.5))},Flat), or --index flat"
+    else:
+        fix = "use fewer bits per code (e.g. PQ16x4), or --index flat"
+    raise RetrieverError(f"index type {index_type!r} trains on {n} vectors but needs >= {need} ({part}); {fix}")
+
+
 def set_search_params(index: faiss.Index, nprobe: int = 0, ef_search: int = 0, k_factor: int = 0) -> dict[str, int]:
     """Apply the search-time parameters this index has (0 = leave FAISS's value); returns those applied."""
     applied, space = {}, faiss.ParameterSpace()
@@ -231,6 +263,15 @@ class EncodedVectors(Vectors):
         return self._encoder.encode_passages(texts, self._batch)
 
 
+def check_finite(source: Vectors, name: str | Path, chunk_size: int) -> None:
+    """RetrieverError naming the first row that is not finite (NaN or inf), read ``chunk_size`` rows at a time."""
+    for start in range(0, source.count, chunk_size):
+        bad = ~np.isfinite(source.rows(start, min(source.count, start + chunk_size))).all(axis=1)
+        if bad.any():
+            raise RetrieverError(f"embeddings {name} row {start + int(np.argmax(bad))} is not finite (NaN or inf); "
+                                 "re-encode the passages, or build without --embeddings to encode them here")
+
+
 def open_vectors(path: str | Path) -> Vectors:
     """Precomputed passage vectors: ``.npy`` (memory-mapped) or ``.parquet`` (a list<float> column)."""
     p = Path(path).expanduser()
@@ -358,7 +399,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     if source is not None and encoder.dim != dim:
         raise RetrieverError(f"embeddings {embeddings} are {dim}-dim but query encoder {encoder.encoder_id} gives "
                              f"{encoder.dim}-dim vectors; pass the encoder that made them (--encoder)")
-    trained = not new_index(index_type, dim).is_trained  # also validates the factory string at this dim
+    template = new_index(index_type, dim)  # also validates the factory string at this dim
+    trained = not template.is_trained
+    check_training_size(index_type, template, scan.count, train_size)
     manifest = {
         "format": FORMAT_VERSION, "corpus_sha256": scan.sha256, "count": scan.count, "dim": dim,
         "encoder": encoder.encoder_id, "encoder_path": str(encoder.path) if encoder.path else None,
@@ -372,10 +415,12 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     if old is not None and not missing_files(out, old) and build_key(old) == build:
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
     work = out.with_name(f".{out.name}.partial")
     state = read_json(work / PROGRESS_FILE)
     if state is None or build_key(state.get("build") or {}) != build:
+        if source is not None:  # a resumed build's vectors were checked when it started
+            check_finite(source, embeddings, chunk_size)
+        out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         state = {"build": build, "stored": False, "trained": False, "added": [0] * shards, "files": [None] * shards}
@@ -443,13 +488,14 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
     """
     src = Path(faiss_file).expanduser()
     if not src.is_file():
-        raise RetrieverError(f"FAISS index file {src} does not exist")
+        raise RetrieverError(f"FAISS index file {src} does not exist; pass the path of a file faiss.write_index wrote")
     out = Path(out_dir).expanduser()
     _check_out(out)
     try:
         index = faiss.read_index(str(src), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-    except RuntimeError as exc:
-        raise RetrieverError(f"{src} is not a FAISS index file ({str(exc).strip().splitlines()[-1][:120]})") from None
+    except RuntimeError:
+        raise RetrieverError(f"{src} is not a FAISS index file (faiss.read_index cannot read it); pass a file "
+                             "faiss.write_index wrote") from None
     encoder = encoder or Encoder()
     if index.d != encoder.dim:
         raise RetrieverError(f"FAISS index {src} holds {index.d}-dim vectors but encoder {encoder.encoder_id} gives "

