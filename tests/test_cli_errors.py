@@ -87,6 +87,7 @@ def cases(d: Path) -> dict[str, tuple]:
         "launch non-UTF-8 YAML": (launch.main, [*out, "--config", str(d / "latin1.yaml")]),
         "eval non-UTF-8 YAML": (eval_cmd.main, ["--config", str(d / "latin1.yaml")]),
         "sft missing demos": (sft.main, ["--demos", str(d / "nope.parquet"), "--out", str(d / "sft")]),
+        "sft demos is a directory": (sft.main, ["--demos", str(d / "busy"), "--out", str(d / "sft")]),
         "index build missing corpus": (index.main, ["build", "--corpus", str(d / "nope.jsonl"), "--out", str(d / "i")]),
         "index search missing index": (index.main, ["search", "--index", str(d / "noindex"), "q"]),
         "eval bad YAML in --set": (eval_cmd.main, ["--set", "env.max_turns=[1"]),
@@ -119,7 +120,7 @@ NEEDLES = {  # what each message must say (the problem and, where there is one, 
     "train resume nothing": "holds no run to resume", "train non-empty out": "pass --resume to continue",
     "train negative lr": "learner.lr must be > 0", "launch missing dataset": "does not exist; pass a dataset",
     "launch non-UTF-8 YAML": "save it as UTF-8", "eval non-UTF-8 YAML": "save it as UTF-8",
-    "sft missing demos": "write one with", "index build missing corpus": "does not exist",
+    "sft missing demos": "write one with", "sft demos is a directory": "is a directory; pass the demo Parquet file", "index build missing corpus": "does not exist",
     "index search missing index": "rebuild it with",
     "eval bad YAML in --set": "env.max_turns: not valid YAML (line 1, column 3: expected ',' or ']'",
     "eval YAML tag in --set": "YAML tag !!python/object/apply:os.getcwd is not allowed",
@@ -200,3 +201,18 @@ def test_entry_point_prints_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ziprl.demos", "--datasets", str(tmp_path / "nope.jsonl")],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_errors_of_resumed_state_are_the_users_to_fix(tmp_path):
+    """A broken checkpoint or an empty question set exits 2 with its message, never as an internal error."""
+    from ziprl.errors import UserError
+    from ziprl.learner.checkpoint import CheckpointError, verify_checkpoint
+    from ziprl.stream import QuestionStream
+
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(CheckpointError, match="lacks model.safetensors") as broken:
+        verify_checkpoint(tmp_path / "ck")
+    with pytest.raises(UserError, match="question set is empty") as empty:
+        QuestionStream([])
+    for exc in (broken.value, empty.value):
+        assert run_command(lambda argv, exc=exc: (_ for _ in ()).throw(exc))([]) == 2

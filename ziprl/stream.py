@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ziprl.config import ConfigError
 from ziprl.env.types import QAExample
 
 
@@ -13,7 +14,7 @@ class QuestionStream:
 
     def __init__(self, examples: list[QAExample], seed: int = 0):
         if not examples:
-            raise ValueError("the question set is empty; check data.dataset / data.limit")
+            raise ConfigError("the question set is empty; check data.dataset / data.limit")
         self.examples, self.seed = examples, seed
         self.epoch, self.index = 0, 0
         self._order = self._shuffle()
@@ -39,7 +40,7 @@ class QuestionStream:
 
     def restore(self, pos: dict[str, Any]) -> None:
         if pos.get("size") != len(self.examples) or pos.get("seed") != self.seed:
-            raise ValueError(f"data position {pos} does not match this question set "
+            raise ConfigError(f"data position {pos} does not match this question set "
                              f"(size {len(self.examples)}, seed {self.seed}); resume with the same data config")
         self.epoch, self.index = int(pos["epoch"]), int(pos["index"])
         self._order = self._shuffle()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ziprl.config import ConfigError, load_config
+from ziprl.config import load_config
 from ziprl.errors import run_command
-from ziprl.learner.sft import DemoFileError, run_sft
+from ziprl.learner.sft import run_sft
 
 
 @run_command
@@ -25,10 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     cfg = load_config(args.config, args.set)
-    try:
-        print(run_sft(cfg, args.demos, args.out))
-    except DemoFileError as exc:  # a ValueError, not a UserError: the bad file is still the user's to fix
-        raise ConfigError(str(exc)) from None
+    print(run_sft(cfg, args.demos, args.out))
 
 
 if __name__ == "__main__":

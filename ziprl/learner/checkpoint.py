@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ziprl.errors import UserError
 from ziprl.learner.distributed import rank, world_size
 from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors
@@ -42,6 +43,10 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 LATEST = "latest"
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 _NAME_RE = re.compile(r"^step_(\d+)(?:-[0-9a-f]+)?$")
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint is incomplete, unreadable or of another model; the message names it and the fix."""
 
 
 def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = 2) -> Path:
@@ -139,20 +144,20 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def verify_checkpoint(path: str | Path) -> Path:
-    """Check that a checkpoint directory is complete and readable (without loading it); ValueError if not."""
+    """Check that a checkpoint directory is complete and readable (without loading it); CheckpointError if not."""
     path = Path(path)
     for name in FILES:
         if not (path / name).is_file():
-            raise ValueError(f"checkpoint {path} lacks {name}")
+            raise CheckpointError(f"checkpoint {path} lacks {name}")
     for name in FILES[:3]:
         check_safetensors(path / name)
     try:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"checkpoint {path}: state.json is not valid JSON ({exc})") from None
+        raise CheckpointError(f"checkpoint {path}: state.json is not valid JSON ({exc})") from None
     needed = ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position")
     if not isinstance(state, dict) or any(k not in state for k in needed):
-        raise ValueError(f"checkpoint {path}: state.json lacks the fields {needed}")
+        raise CheckpointError(f"checkpoint {path}: state.json lacks the fields {needed}")
     return path
 
 
@@ -178,7 +183,8 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
     names = [name for name, _ in module.named_parameters()]
     if set(weights) != set(names):
         missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
-        raise ValueError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}")
+        raise CheckpointError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]};"
+                              " resume with the model the run started from")
 
     if moments:
         _ensure_adam_state(trainer, state["optimizer"]["step"])

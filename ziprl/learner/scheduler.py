@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ziprl.config import ConfigError
 from ziprl.env.types import QAExample
 from ziprl.learner.capacity import capacity, is_fresh, lag
 from ziprl.policy.source import Completion, Group, RolloutSource
@@ -110,7 +111,7 @@ class RolloutScheduler:
         for job in position["pending"]:
             missing = [i for i in job["ids"] if i not in by_id]
             if missing:
-                raise ValueError(f"checkpoint names questions {missing[:3]} that are not in this question set; "
+                raise ConfigError(f"checkpoint names questions {missing[:3]} that are not in this question set; "
                                  "resume with the same data config")
             self._retry.append(([by_id[i] for i in job["ids"]], int(job["seed"]), 0))
 

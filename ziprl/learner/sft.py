@@ -24,6 +24,7 @@ from typing import Any
 
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
+from ziprl.errors import UserError
 from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ DEMO_COLUMNS = ("messages", "response")
 _SENTINEL = "ZIPRL_END_OF_TURN_PROBE"
 
 
-class DemoFileError(ValueError):
+class DemoFileError(UserError, ValueError):
     """The demonstration file is missing or malformed; the message says what is wrong."""
 
 
@@ -94,6 +95,9 @@ def read_demos(path: str | Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     path = Path(path)
+    if path.is_dir():
+        raise DemoFileError(f"demo file {path} is a directory; pass the demo Parquet file (`python -m ziprl.demos` "
+                            "writes one)")
     if not path.is_file():
         raise DemoFileError(f"demo file {path} does not exist (write one with `python -m ziprl.demos`)")
     try:
