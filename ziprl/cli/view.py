@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ziprl.errors import run_command
 from ziprl.paths import atomic_write_text
-from ziprl.view.data import load_run
+from ziprl.view.data import ViewerError, load_run
 from ziprl.view.page import render_page
 from ziprl.view.server import LOCAL_HOSTS, address_family, make_server
 from ziprl.view.tokens import make_decoder
@@ -37,17 +37,17 @@ def check_out(out: str) -> Path:
     """The report path ``out``, once a report could be written there; ValueError naming the fix, nothing created."""
     path = Path(out).expanduser()
     if path.is_dir():
-        raise ValueError(f"--out {out} is a directory; give a file path such as {path / 'report.html'}")
+        raise ViewerError(f"--out {out} is a directory; give a file path such as {path / 'report.html'}")
     if path.exists() and path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out {out} exists and is not an HTML file; refusing to overwrite it: give a new path "
+        raise ViewerError(f"--out {out} exists and is not an HTML file; refusing to overwrite it: give a new path "
                          "or an existing .html report")
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent  # the nearest existing folder: the missing ones are created when writing
     if not folder.is_dir():
-        raise ValueError(f"--out {out}: {folder} is a file, not a directory; give a path inside a directory")
+        raise ViewerError(f"--out {out}: {folder} is a file, not a directory; give a path inside a directory")
     if not _can_create_in(folder):
-        raise ValueError(f"--out {out}: cannot write in {folder} (no permission or a read-only file system); "
+        raise ViewerError(f"--out {out}: cannot write in {folder} (no permission or a read-only file system); "
                          "give a path in a directory you can write")
     return path
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokenizer", help="tokenizer directory (tokenizer.json) to decode prompts; 'none' to skip")
     args = ap.parse_args(argv)
     if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be in 0..65535, got {args.port} (--port 0 picks a free port)")
+        raise ViewerError(f"--port must be in 0..65535, got {args.port} (--port 0 picks a free port)")
     out = check_out(args.out) if args.out else None
     if out is None:
         address_family(args.host)

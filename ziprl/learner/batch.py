@@ -71,6 +71,12 @@ def build_rows(
     ``norm="trajectory"``: weight 1/(G |o_i|) with G = len(trajectories) (the paper; equals its 1/Q sum_q 1/G
     sum_i when every group has G samples) and |o_i| the trajectory's response tokens over all turns;
     ``norm="token"``: 1/N with N all response tokens of the batch.
+
+    Trajectories of zero-variance groups (A_GRPO = 0) stay in G and N, by decision: under HRR (w > 0) their turns
+    still carry w (Q_ij - Q_bar_i), and under beta > 0 every token carries the KL term, so they are rarely
+    signal-free; the paper's 1/G averages over every sample of a question; and a signal-free trajectory only
+    scales the step, which Adam's per-parameter normalisation absorbs. To train on signal-carrying groups only,
+    drop the others from the batch (``learner.drop_zero_variance_groups``, DAPO's dynamic sampling).
     """
     if len(trajectories) != len(turn_advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(turn_advantages)} advantage lists")

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ziprl.env.protocol import parse_turn, unescape
-from ziprl.errors import one_line
+from ziprl.errors import UserError, one_line
 
 INDEX_COLUMNS = ("id", "qid", "question", "gold", "answer", "reward", "em", "f1", "turns", "strategy", "version",
                  "step", "finished", "errors", "source", "tokens")
@@ -30,6 +30,10 @@ _OBS_RE = re.compile(r"OBSERVATION \(turn (\d+), ([^\n]*)\):\n<observation>\n(.*
 _MEMORY_RE = re.compile(r"(Memory \([^\n]*\):\n.*?)\n\n(?:OBSERVATION|No observation yet)", re.DOTALL)
 _NOTICE_RE = re.compile(r"NOTICE: ([^\n]*)")
 
+
+
+class ViewerError(UserError, ValueError):
+    """A run, file or option the viewer cannot use; the message names it and the fix (exit 2)."""
 
 @dataclass
 class Source:
@@ -143,10 +147,10 @@ def read_source(path: Path) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, MemoryError) as exc:
-        raise ValueError(f"not a readable Parquet file ({one_line(exc)[:200]})") from None
+        raise ViewerError(f"not a readable Parquet file ({one_line(exc)[:200]})") from None
     problem = schema_problem(table.schema)
     if problem:
-        raise ValueError(f"not a ZipRL trajectory file: {problem}")
+        raise ViewerError(f"not a ZipRL trajectory file: {problem}")
     return table
 
 
@@ -169,7 +173,7 @@ def load_run(path: str | Path, decode: Callable[[list[int]], str] | None = None)
         n = len(run.skipped)
         what = f"{f} is {why}" if n == 1 else f"no readable trajectory file of the {n} files under {path}: " \
                                               f"{f} is {why} (and {n - 1} more)"
-        raise ValueError(f"{what}; point at a run directory or a trajectory Parquet file written by ziprl.train, "
+        raise ViewerError(f"{what}; point at a run directory or a trajectory Parquet file written by ziprl.train, "
                          "ziprl.launch or ziprl.eval")
     return run
 

@@ -17,7 +17,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ziprl.errors import one_line
-from ziprl.view.data import Run, episode
+from ziprl.view.data import Run, ViewerError, episode
 from ziprl.view.page import assets, content_security_policy, json_safe, render_page
 
 _EPISODE_RE = re.compile(r"/api/episode/([0-9]{1,15})")
@@ -43,7 +43,7 @@ def address_family(host: str) -> socket.AddressFamily:
     """The address family to bind ``host`` with; ValueError naming the fix when it is no address at all."""
     fix = "give an address to bind such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
     if not host or not _HOST_RE.fullmatch(host):
-        raise ValueError(f"--host {host!r} is not a host name or IP address; {fix}")
+        raise ViewerError(f"--host {host!r} is not a host name or IP address; {fix}")
     try:
         return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
@@ -51,17 +51,17 @@ def address_family(host: str) -> socket.AddressFamily:
     try:
         return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
     except OSError as exc:
-        raise ValueError(f"--host {host!r} does not resolve ({exc.strerror}); {fix}") from None
+        raise ViewerError(f"--host {host!r} does not resolve ({exc.strerror}); {fix}") from None
 
 
-def _bind_error(exc: OSError, host: str, port: int) -> ValueError:
+def _bind_error(exc: OSError, host: str, port: int) -> ViewerError:
     if exc.errno == errno.EADDRINUSE:
-        return ValueError(f"port {port} is in use on {host}; pick another with --port N (--port 0 picks a free one)")
+        return ViewerError(f"port {port} is in use on {host}; pick another with --port N (--port 0 picks a free one)")
     if exc.errno == errno.EACCES:
-        return ValueError(f"port {port} needs privileges on {host}; use a port of 1024 or more (--port 0 picks one)")
+        return ViewerError(f"port {port} needs privileges on {host}; use a port of 1024 or more (--port 0 picks one)")
     if exc.errno == errno.EADDRNOTAVAIL:
-        return ValueError(f"--host {host} is not an address of this machine; use 127.0.0.1 or one of its addresses")
-    return ValueError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); try --host 127.0.0.1 --port 0")
+        return ViewerError(f"--host {host} is not an address of this machine; use 127.0.0.1 or one of its addresses")
+    return ViewerError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); try --host 127.0.0.1 --port 0")
 
 
 class _QuietServer(ThreadingHTTPServer):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ziprl.errors import one_line
-from ziprl.view.data import Run
+from ziprl.view.data import Run, ViewerError
 
 
 def default_tokenizer_dir() -> Path | None:
@@ -47,7 +47,7 @@ def make_decoder(spec: str | None, run: Run) -> Callable[[list[int]], str] | Non
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot parse
-        raise ValueError(f"--tokenizer: {file} is not a tokenizer.json the tokenizers library reads "
+        raise ViewerError(f"--tokenizer: {file} is not a tokenizer.json the tokenizers library reads "
                          f"({one_line(exc)}); give the directory of the model that wrote the run, "
                          "or --tokenizer none") from None
     vocab = tok.get_vocab_size(with_added_tokens=True)
