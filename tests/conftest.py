@@ -71,17 +71,6 @@ def default_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer (real token ids, fast steps)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.learning_task import build_tiny_llama
 
-    from ziprl.policy.models import load_tokenizer
-
-    tok = load_tokenizer(default_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return build_tiny_llama(default_model_dir, tmp_path_factory.mktemp("tiny-llama"))
