@@ -74,3 +74,17 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     from tests.learning_task import build_tiny_llama
 
     return build_tiny_llama(default_model_dir, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def no_models():
+    """Any model load during a module's tests fails the test: bad input must be found before a model loads."""
+    mp = pytest.MonkeyPatch()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    for target in ("ziprl.policy.make_engine", "ziprl.learner.trainer.Trainer.__init__"):
+        mp.setattr(target, refuse)
+    yield
+    mp.undo()

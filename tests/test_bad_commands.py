@@ -244,20 +244,6 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def no_models():
-    """Any model load during these cases fails the case: bad input must be found first."""
-    mp = pytest.MonkeyPatch()
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    for target in ("ziprl.policy.make_engine", "ziprl.learner.trainer.Trainer.__init__"):
-        mp.setattr(target, refuse)
-    yield
-    mp.undo()
-
-
 def test_the_table_is_large_and_unique():
     assert len(CASES) >= 150
     assert len({(c, tuple(a)) for c, _, a in CASES}) == len(CASES)

@@ -131,20 +131,6 @@ NEEDLES = {  # what each message must say (the problem and, where there is one, 
 }
 
 
-@pytest.fixture(scope="module")
-def no_models():
-    """Any model load during these cases fails the test: bad input must be found first."""
-    mp = pytest.MonkeyPatch()
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    for target in ("ziprl.policy.make_engine", "ziprl.learner.trainer.Trainer.__init__"):
-        mp.setattr(target, refuse)
-    yield
-    mp.undo()
-
-
 @pytest.mark.parametrize("name", _names())
 def test_bad_input_is_one_line_exit_2(name, tmp_path, monkeypatch, capsys, no_models):
     monkeypatch.chdir(tmp_path)
