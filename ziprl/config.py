@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.errors import UserError
-from ziprl.registry import REWARDS, STRATEGIES
+from ziprl.registry import ENGINES, REWARDS, STRATEGIES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
@@ -120,7 +120,8 @@ class ModelConfig:
                                            "live under $ZIPRL_CACHE or ~/.cache/ziprl).")
     dtype: str = opt("float32", "float32 | bfloat16 | float16: weights of the generation engine.")
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
-    engine: str = opt("hf", "hf (transformers, CPU or GPU) | vllm (GPU only, lazily imported).")
+    engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
+                            "lazily imported); ziprl/policy/engines/.")
     device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
     gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
     num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "
@@ -292,6 +293,7 @@ class ZipRLConfig:
             if not math.isfinite(value):
                 raise ConfigError(f"{where} must be a finite number, got {value}")
         weights = (s.w_ratio, s.w_level, s.w_info, s.w_sem)
+        engine = ENGINES.get(self.model.engine)  # its EngineSpec; None if unregistered
         checks = [
             (min(weights) >= 0 and sum(weights) > 0,
              f"env.scoring weights w_ratio, w_level, w_info, w_sem must be >= 0 with a positive sum, got {weights}"),
@@ -329,10 +331,12 @@ class ZipRLConfig:
             (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
             (0.0 <= e.retrieval_noise <= 1.0, f"env.retrieval_noise must be in [0, 1], got {e.retrieval_noise}"),
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
-            (self.model.engine in ("hf", "vllm"), f"model.engine must be 'hf' or 'vllm', got {self.model.engine!r}"),
+            (engine is not None, f"model.engine must be a registered engine ({', '.join(ENGINES)}), "
+             f"got {self.model.engine!r}"),
             (self.model.dtype in DTYPES, f"model.dtype must be float32, bfloat16 or float16, got {self.model.dtype!r}"),
-            (self.model.engine != "vllm" or self.model.device != "cpu",
-             "model.engine=vllm runs on CUDA only: set model.device=auto (or cuda), or model.engine=hf for the CPU"),
+            (engine is None or engine.cpu or self.model.device != "cpu",
+             f"model.engine={self.model.engine} runs on CUDA only: set model.device=auto (or cuda), or model.engine="
+             f"{' | '.join(n for n in ENGINES if ENGINES[n].cpu)} for the CPU"),
             (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
              "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
             (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,
@@ -368,11 +372,11 @@ class ZipRLConfig:
             (self.weights.bucket_mb > 0, f"weights.bucket_mb must be > 0, got {self.weights.bucket_mb}"),
             (self.weights.rendezvous_timeout_s > 0, "weights.rendezvous_timeout_s must be > 0"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),
-            (self.model.engine != "vllm" or not 0 < self.ray.rollout_gpus < 1
+            (engine is None or not engine.claims_gpu_memory or not 0 < self.ray.rollout_gpus < 1
              or self.model.gpu_memory_utilization <= self.ray.rollout_gpus,
              f"model.gpu_memory_utilization={self.model.gpu_memory_utilization} is more than each rollout actor's "
-             f"GPU share ray.rollout_gpus={self.ray.rollout_gpus}: the vLLM engines sharing a GPU would claim more "
-             "memory than it has; set model.gpu_memory_utilization <= ray.rollout_gpus"),
+             f"GPU share ray.rollout_gpus={self.ray.rollout_gpus}: the {self.model.engine} engines sharing a GPU "
+             "would claim more memory than it has; set model.gpu_memory_utilization <= ray.rollout_gpus"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -1,10 +1,10 @@
-"""Extension points: context strategies, tools and outcome rewards register themselves by name (as verl
-registers its advantage estimators).
+"""Extension points: context strategies, tools, outcome rewards and generation engines register themselves by
+name (as verl registers its advantage estimators).
 
 Each registry owns a package; the first lookup imports every module of that package (found with pkgutil),
 and each module registers its entry with a decorator, e.g. ``@STRATEGIES.register("window")``. Adding a
-strategy, a tool or a reward is one new file in ``ziprl/env/strategies/``, ``ziprl/env/tools/`` or
-``ziprl/scoring/rewards/``. Stdlib only, so the config may validate names against it.
+strategy, a tool, a reward or an engine is one new file in ``ziprl/env/strategies/``, ``ziprl/env/tools/``,
+``ziprl/scoring/rewards/`` or ``ziprl/policy/engines/``. Stdlib only, so the config may validate names against it.
 """
 
 from __future__ import annotations
@@ -75,3 +75,4 @@ class Registry(Mapping[str, Any]):
 STRATEGIES = Registry("context strategy", "ziprl.env.strategies")
 TOOLS = Registry("tool", "ziprl.env.tools")
 REWARDS = Registry("outcome reward", "ziprl.scoring.rewards")
+ENGINES = Registry("generation engine", "ziprl.policy.engines")

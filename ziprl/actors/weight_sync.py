@@ -15,7 +15,8 @@ transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod
   0 broadcasts its length, its JSON header (names, dtypes, shapes, offsets, version) and the flat buffer. The
   actors receive in a second thread (Ray concurrency group ``weights``), so a push never waits for a running
   generation batch; the weights are applied at once when the actor is idle, else right before its next batch
-  (a batch never mixes versions). With ``model.engine=vllm`` the receiving end is inside vLLM's workers,
+  (a batch never mixes versions). An engine whose ``weight_transfer`` is ``"vllm_nccl"`` (its registered
+  spec's, read from the engine class: ``model.engine=vllm``) is the receiving end itself, inside vLLM's workers,
   through vLLM's weight-transfer API (``LLM.init_weight_transfer_engine`` / ``start_weight_update`` /
   ``update_weights`` / ``finish_weight_update`` with backend ``nccl``; the learner opens the sender end with
   ``vllm.distributed.weight_transfer.nccl_common.trainer_init`` and broadcasts tensor by tensor, as vLLM's
@@ -60,6 +61,7 @@ from ziprl.actors.weights import (
     unpack,
 )
 from ziprl.config import ZipRLConfig
+from ziprl.registry import ENGINES
 
 TRANSPORTS = ("object_store", "collective")
 
@@ -172,7 +174,7 @@ class WeightReceiver:
     def join(self, addr: str, port: int, rank: int, world: int, timeout_s: float, bind: str) -> None:
         """Join (or re-join: the old membership is dropped) the group of the current rendezvous."""
         self.member = None
-        if hasattr(self.engine, "join_weight_transfer"):  # vLLM: its workers are the receiving end
+        if self.engine.weight_transfer == "vllm_nccl":  # vLLM: its workers are the receiving end
             self.engine.join_weight_transfer(addr, port, rank, world)
             return
         device = getattr(self.engine, "device", "cpu")
@@ -181,11 +183,11 @@ class WeightReceiver:
     def receive(self, metas: list[tuple[str, str, list[int]]], version: int) -> int:
         """Collective: take part in one push; apply now if idle, else leave it pending. Returns its version.
 
-        ``metas`` (name, wire dtype, shape per tensor, in send order) and ``version`` are only read by a vLLM
-        engine, whose workers receive tensor by tensor; the group's own headers carry them otherwise.
+        ``metas`` (name, wire dtype, shape per tensor, in send order) and ``version`` are only read by a
+        ``vllm_nccl`` engine, whose workers receive tensor by tensor; the group's own headers carry them otherwise.
         """
         if self.member is None:
-            if not hasattr(self.engine, "receive_weight_transfer"):
+            if self.engine.weight_transfer != "vllm_nccl":
                 raise RuntimeError("receive_weights before join_weight_group: this actor is no member of the group")
             with self.lock:  # vLLM loads in place inside its workers: only between batches
                 self.engine.receive_weight_transfer(metas, version)
@@ -282,6 +284,10 @@ class SendsWeights:
         device = src.device if pack_on_device else "cpu"
         return src, len(plan), iter_packed(named, plan, src.gather, device, sender=src.rank == 0)
 
+    def _vllm_nccl(self) -> bool:
+        """Whether the engines receive through vLLM's NCCL communicator (their spec's ``weight_transfer``)."""
+        return ENGINES[self.cfg.model.engine].weight_transfer == "vllm_nccl"
+
     def _takes_part(self) -> bool:
         src = self.weight_source()
         return src.rank == 0 or src.all_ranks_gather
@@ -314,7 +320,7 @@ class SendsWeights:
         src = self.weight_source()
         if src.rank != 0:
             return
-        if self.cfg.model.engine == "vllm":  # vLLM's own NCCL communicator (its workers' receiving end)
+        if self._vllm_nccl():  # vLLM's own NCCL communicator (its workers' receiving end)
             from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
             self.weight_member = trainer_init({"master_address": addr, "master_port": port, "world_size": world})
@@ -333,7 +339,7 @@ class SendsWeights:
             for _ in buckets:
                 pass
             return 0
-        if self.cfg.model.engine != "vllm":
+        if not self._vllm_nccl():
             return member.send(version, count, buckets)
         sent = 0  # vLLM's unpacked protocol: one broadcast per tensor, in weight_metas order
         for metas, buf in buckets:

@@ -53,6 +53,7 @@ from ziprl.learner.hardware import gemm_peak_flops, model_flop_utilisation, nati
 from ziprl.learner.losses import policy_loss
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ziprl.registry import ENGINES
 
 if TYPE_CHECKING:
     from ziprl.learner.sft import SFTRow
@@ -64,8 +65,9 @@ def warmup_factor(warmup_steps: int):
 
 
 def rollout_matches_learner(cfg: ZipRLConfig, bf16: bool) -> bool:
-    """True when the generating engine computes exactly the learner's numerics (HF, float32, float32 learner)."""
-    return cfg.model.engine == "hf" and cfg.model.dtype == "float32" and not bf16
+    """True when the generating engine computes exactly the learner's numerics (its spec's ``exact_logprobs``,
+    e.g. HF in float32) and the learner runs in float32."""
+    return ENGINES[cfg.model.engine].exact_logprobs(cfg.model) and not bf16
 
 
 def tis_cap(cfg: ZipRLConfig, bf16: bool) -> float | None:

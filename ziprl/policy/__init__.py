@@ -1,12 +1,17 @@
-"""Policy: model loading, generation engines (HF transformers, vLLM) and the rollout loop."""
+"""Policy: model loading, generation engines (registered in :data:`ziprl.registry.ENGINES`) and the rollout loop.
+
+Importing it stays cheap (the config looks engine names up through ``ziprl.policy.engines``): ``HFEngine``
+(torch) and ``VLLMEngine`` are imported on first access.
+"""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import Any
 
 from ziprl.config import ModelConfig
-from ziprl.policy.engine import Generation, GenerationEngine
-from ziprl.policy.hf_engine import HFEngine
+from ziprl.policy.engine import EngineSpec, Generation, GenerationEngine
 from ziprl.policy.models import (
     ModelPathError,
     convert_default_model,
@@ -14,9 +19,10 @@ from ziprl.policy.models import (
     load_tokenizer,
     resolve_model_path,
 )
-from ziprl.policy.vllm_engine import VLLMEngine
+from ziprl.registry import ENGINES
 
 __all__ = [
+    "EngineSpec",
     "Generation",
     "GenerationEngine",
     "HFEngine",
@@ -29,18 +35,24 @@ __all__ = [
     "resolve_model_path",
 ]
 
+_LAZY = {"HFEngine": "ziprl.policy.hf_engine", "VLLMEngine": "ziprl.policy.vllm_engine"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def make_engine(model_cfg: ModelConfig, path: str | Path | None = None) -> GenerationEngine:
-    """The engine ``model_cfg.engine`` names, over ``path`` (e.g. a learner checkpoint) or ``model_cfg``'s model."""
+    """The engine ``model_cfg.engine`` names, over ``path`` (e.g. a learner checkpoint) or ``model_cfg``'s model.
+
+    An unregistered name raises the registry's KeyError, which lists the registered engines.
+    """
+    spec: EngineSpec = ENGINES[model_cfg.engine]
     if model_cfg.num_threads:
         import torch
 
         torch.set_num_threads(model_cfg.num_threads)
     model_path = Path(path) if path is not None else resolve_model_path(model_cfg)
-    if model_cfg.engine == "vllm":
-        return VLLMEngine(model_path, dtype=model_cfg.dtype, gpu_memory_utilization=model_cfg.gpu_memory_utilization,
-                          trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.engine == "hf":
-        return HFEngine(model_path, dtype=model_cfg.dtype, device=model_cfg.device,
-                        trust_remote_code=model_cfg.trust_remote_code)
-    raise ValueError(f"model.engine must be 'hf' or 'vllm', got {model_cfg.engine!r}")
+    return spec.make(model_cfg, model_path)

@@ -1,12 +1,15 @@
-"""The one generation interface every engine (HF transformers, vLLM) implements."""
+"""The one generation interface every engine (HF transformers, vLLM) implements, and the spec an engine registers
+in :data:`ziprl.registry.ENGINES`."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ziprl.config import SamplingConfig
+from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.env.chat import chat_ids
 from ziprl.env.tools import closing_tags
 
@@ -38,6 +41,10 @@ class GenerationEngine(ABC):
     tokens_generated: int = 0
     generation_seconds: float = 0.0
     max_context: int | None = None  # longest sequence (prompt + response) the model takes; None = unknown
+    # How a collective weight push reaches it (weights.transport=collective): "ziprl_group" = ZipRL's own gloo/NCCL
+    # group, the buckets received by the actor's WeightReceiver and given to load_weights; "vllm_nccl" = the engine
+    # is the receiving end itself (join_weight_transfer / receive_weight_transfer) on vLLM's NCCL communicator.
+    weight_transfer: str = "ziprl_group"
 
     @property
     @abstractmethod
@@ -61,3 +68,26 @@ class GenerationEngine(ABC):
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_generated / self.generation_seconds if self.generation_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A generation engine as registered in :data:`ziprl.registry.ENGINES`: how to build it and what it offers.
+
+    The config looks names up, so a registration module stays cheap to import: ``engine_class`` and ``build``
+    import the engine (torch, vLLM) only when called.
+    """
+
+    engine_class: Callable[[], type[GenerationEngine]]  # imports and returns the engine class
+    build: Callable[[type[GenerationEngine], ModelConfig, Path], GenerationEngine]  # (class, model config, path)
+    cpu: bool  # runs with model.device=cpu (else CUDA only)
+    exact_logprobs: Callable[[ModelConfig], bool]  # behaviour log-probs are exactly the float32 learner's
+    claims_gpu_memory: bool = False  # takes model.gpu_memory_utilization of its GPU up front
+
+    def make(self, model_cfg: ModelConfig, path: Path) -> GenerationEngine:
+        return self.build(self.engine_class(), model_cfg, path)
+
+    @property
+    def weight_transfer(self) -> str:
+        """The engine class's :attr:`GenerationEngine.weight_transfer`."""
+        return self.engine_class().weight_transfer

@@ -88,6 +88,8 @@ def check_named_shapes(named_shapes: dict[str, tuple[int, ...]], expected: dict[
 class VLLMEngine(GenerationEngine):
     """A :class:`GenerationEngine` over ``vllm.LLM`` for a local HF checkpoint directory."""
 
+    weight_transfer = "vllm_nccl"  # its workers receive collective pushes themselves
+
     def __init__(self, path: str | Path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
                  trust_remote_code: bool = False, **llm_kwargs: Any) -> None:
         try:
