@@ -78,6 +78,8 @@ class FixedWeightsLearner(LearnerWorker):
 class NullEngine:
     """Stand-in engine: takes the weights (checking names and byte count) and drops them."""
 
+    weight_transfer = "ziprl_group"  # received by the actor's WeightReceiver, as an HFEngine is
+
     def __init__(self):
         self.version, self.bytes = 0, 0
 
