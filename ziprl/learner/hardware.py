@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -27,9 +26,9 @@ def native_bf16(device: str) -> bool:
     return cpu_has_bf16()
 
 
-@lru_cache(maxsize=4)
 def gemm_peak_flops(dtype: torch.dtype, device: str, n: int = 2048, reps: int = 3) -> float:
-    """FLOP/s of the best of ``reps`` n x n matrix products in ``dtype`` on ``device`` (measured once per process)."""
+    """FLOP/s of the best of ``reps`` n x n matrix products in ``dtype`` on ``device``, measured now (under whatever
+    else the device is doing, like the step it is compared with)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     best = float("inf")

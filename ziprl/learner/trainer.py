@@ -138,7 +138,7 @@ class Trainer:
             self.engine.enable_backward_allreduce = False  # one rank: averaging would only copy every gradient
         self.device = self.engine.device
         self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        self._peak = gemm_peak_flops(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
+        self._peak_dtype = torch.bfloat16 if self.bf16 else torch.float32
 
         self.ref_model = None
         if lc.beta > 0:
@@ -202,6 +202,7 @@ class Trainer:
         clock["optimizer"] = time.perf_counter() - t0
         loss_sum, tokens, clipped, kl, ent, gap, tis, trained = self._all_reduce(sums).tolist()
         seconds = time.perf_counter() - start
+        peak = gemm_peak_flops(self._peak_dtype, self.device.type)  # after the step, in the step's conditions
         out = {
             **stats,
             "loss": loss_sum,
@@ -219,8 +220,8 @@ class Trainer:
             "tis_mean": tis / tokens,
             **{f"{part}_seconds": value for part, value in clock.items()},
             # per rank: each rank trains its share of the tokens on its own device
-            "mfu": model_flop_utilisation(self.num_params, trained / world_size(), seconds, self._peak),
-            "gemm_peak_tflops": self._peak / 1e12,
+            "mfu": model_flop_utilisation(self.num_params, trained / world_size(), seconds, peak),
+            "gemm_peak_tflops": peak / 1e12,
             "seconds": seconds,
         }
         if probe is not None:

@@ -1,0 +1,30 @@
+"""The learner's hardware facts: native bf16 detection, the GEMM peak, and MFU's formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ziprl.learner.hardware import cpu_has_bf16, gemm_peak_flops, model_flop_utilisation
+
+
+def test_mfu_is_six_n_d_over_time_and_peak():
+    # 6 * 1e8 params * 1e4 tokens = 6e12 FLOP in 10 s against a 1 TFLOP/s peak
+    assert model_flop_utilisation(100_000_000, 10_000, 10.0, 1e12) == pytest.approx(0.6)
+    assert model_flop_utilisation(1, 1, 0.0, 1e12) == 0.0 and model_flop_utilisation(1, 1, 1.0, 0.0) == 0.0
+
+
+def test_cpu_bf16_flags_are_read_from_cpuinfo():
+    assert cpu_has_bf16("flags\t\t: fpu sse avx512f avx512_bf16\n")
+    assert cpu_has_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
+    assert not cpu_has_bf16("flags\t\t: fpu sse avx512f\n") and not cpu_has_bf16("")
+
+
+def test_gemm_peak_is_measured_each_call(monkeypatch):
+    """Measured anew each call (no cache), so a step's MFU compares with the device as the step found it."""
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(1) or real_mm(a, b))
+    first = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
+    second = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
+    assert first > 0 and second > 0 and len(calls) == 2 * 3  # reps + 1 warm-up product, twice
