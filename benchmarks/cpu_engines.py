@@ -16,6 +16,9 @@ the same tokens (what the PPO ratio sees at the first step).
 Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16), static-bf16 (transformers
 ``generate`` with ``cache_implementation="static"`` in bfloat16), static-bf16-compile (the same, forward
 compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator).
+llama.cpp is not a candidate: llama-cpp-python has no wheel on PyPI and its source build did not finish in
+10 minutes on the shared 2-core machine (its high-level API also generates one sequence at a time).
+Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower.
 
 Run: ``.venv/bin/python benchmarks/cpu_engines.py [--batches 1,8,32] [--new-tokens 64] [--repeats 3]
 [--candidates hf,ct2-int8,...] [--modes greedy,sample] [--threads N] [--out NAME]``
@@ -96,7 +99,9 @@ class StaticCacheCandidate(Candidate):
         self.eos_ids, self.pad_id = eos_ids, pad_id
         self.kwargs: dict[str, Any] = {"cache_implementation": "static", "disable_compile": not compile_}
         if compile_:
-            self.kwargs["compile_config"] = CompileConfig(mode="default", _compile_all_devices=True)
+            config = CompileConfig(mode="default")
+            config._compile_all_devices = True  # transformers compiles on CUDA only unless this flag is set
+            self.kwargs["compile_config"] = config
 
     def refresh(self, arrays: dict[str, np.ndarray]) -> None:
         params = dict(self.model.named_parameters())
