@@ -1,0 +1,319 @@
+"""CPU generation engines for rollouts: tokens/s per batch size and weight-refresh cost against HFEngine.
+
+Each candidate turns a named-weights dict of float32 numpy arrays (what ``Trainer.named_weights_numpy()``
+gives the rollout side every RL step) into a ready engine ("refresh", timed: e.g. CTranslate2 = convert +
+load), then generates from the chat prompts of ``engine_throughput.py`` (64 new tokens, greedy and sampled
+at temperature 1.0, top-k/top-p off) and returns, per row, the tokens up to and including EOS and the
+behaviour log-prob of each. Runs alternate between candidates so load from other processes hits all alike.
+
+Reported per candidate and batch: median tokens/s (useful tokens, as ``engine_throughput.py`` counts them),
+the first call's seconds (includes torch.compile where used), refresh seconds, and at batch 8 the RL-step rate
+``512 / (512 / tok_s + refresh_s)`` (one refresh per step of 8 x 64 tokens) and its ratio to HFEngine's.
+Agreement with HFEngine (float32): greedy rows whose first 32 tokens match, and the mean / max absolute
+difference between the candidate's behaviour log-probs of its sampled tokens and float32 HF's log-probs of
+the same tokens (what the PPO ratio sees at the first step).
+
+Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16), static-bf16 (transformers
+``generate`` with ``cache_implementation="static"`` in bfloat16), static-bf16-compile (the same, forward
+compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator).
+llama.cpp is not a candidate: llama-cpp-python has no wheel on PyPI and its source build did not finish in
+10 minutes on the shared 2-core machine (its high-level API also generates one sequence at a time).
+Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower.
+
+Run: ``.venv/bin/python benchmarks/cpu_engines.py [--batches 1,8,32] [--new-tokens 64] [--repeats 3]
+[--candidates hf,ct2-int8,...] [--modes greedy,sample] [--threads N] [--out NAME]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+from _common import write_results
+from engine_throughput import QUESTIONS
+
+from ziprl.config import ModelConfig, SamplingConfig
+from ziprl.policy import HFEngine, resolve_model_path
+from ziprl.policy.models import load_model
+
+Rows = list[tuple[list[int], list[float]]]  # per prompt: (tokens up to and including EOS, log-prob of each)
+MATCH_TOKENS = 32
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:
+    """Length of ``tokens`` up to and including the first EOS."""
+    return next((i + 1 for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
+
+
+class Candidate:
+    """An engine under test: ``refresh`` installs float32 named arrays, ``generate`` returns Rows."""
+
+    name = ""
+
+    def refresh(self, arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], greedy: bool, new_tokens: int, seed: int) -> Rows:
+        raise NotImplementedError
+
+
+class HFCandidate(Candidate):
+    """Today's HFEngine (its own prefill + KV-cache decode loop), in ``dtype``."""
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        self.name = "hf" if dtype == "float32" else "hf-bf16"
+        self.engine = HFEngine(path, dtype=dtype, device="cpu")
+        self.version = 0
+
+    def refresh(self, arrays: dict[str, np.ndarray]) -> None:
+        self.version += 1
+        self.engine.load_weights(arrays, self.version)
+
+    def generate(self, prompts: list[list[int]], greedy: bool, new_tokens: int, seed: int) -> Rows:
+        sampling = SamplingConfig(greedy=greedy, temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, stop=[])
+        return [(g.token_ids, g.logprobs) for g in self.engine.generate(prompts, sampling, seed=seed)]
+
+
+class StaticCacheCandidate(Candidate):
+    """transformers ``generate`` with a static KV cache in bfloat16, optionally torch.compile'd (mode "default").
+
+    Log-probs come from ``output_logits`` (raw logits, before temperature). Refresh copies into the existing
+    parameters in place, so a compiled graph stays valid.
+    """
+
+    def __init__(self, path: Path, eos_ids: frozenset[int], pad_id: int, compile_: bool) -> None:
+        from transformers import CompileConfig
+
+        self.name = "static-bf16-compile" if compile_ else "static-bf16"
+        self.model = load_model(path, dtype="bfloat16", device="cpu").eval()
+        self.eos_ids, self.pad_id = eos_ids, pad_id
+        self.kwargs: dict[str, Any] = {"cache_implementation": "static", "disable_compile": not compile_}
+        if compile_:
+            config = CompileConfig(mode="default")
+            config._compile_all_devices = True  # transformers compiles on CUDA only unless this flag is set
+            self.kwargs["compile_config"] = config
+
+    def refresh(self, arrays: dict[str, np.ndarray]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in arrays.items():
+                params[name].copy_(torch.from_numpy(value))
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], greedy: bool, new_tokens: int, seed: int) -> Rows:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        sample = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        torch.manual_seed(seed)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=not greedy,
+                                  pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+                                  return_dict_in_generate=True, output_logits=True, **sample, **self.kwargs)
+        new = out.sequences[:, width:]
+        lp = torch.stack([torch.log_softmax(x.float(), -1) for x in out.logits], 1)  # (B, T, V)
+        token_lp = lp.gather(2, new[:, : lp.shape[1], None]).squeeze(2)
+        rows = []
+        for toks, lps in zip(new.tolist(), token_lp.tolist(), strict=True):
+            n = _cut_at_eos(toks, self.eos_ids)
+            rows.append((toks[:n], lps[:n]))
+        return rows
+
+
+class CT2Candidate(Candidate):
+    """CTranslate2 Generator; refresh = build the model spec from the arrays (its transformers converter with
+    the HF model assembled from the arrays, no checkpoint read), save it as float32 to a temp dir (RAM-backed
+    /dev/shm), load it with ``compute_type`` (CTranslate2 quantizes while loading, faster than the converter).
+
+    The converter's Llama loader calls ``gc.collect()`` after every layer (0.4 s each on this process's
+    heap, 13 s per refresh); that call is switched off during conversion.
+    """
+
+    def __init__(self, path: Path, tokenizer: Any, eos_ids: frozenset[int], compute_type: str, threads: int) -> None:
+        self.name = f"ct2-{compute_type}"
+        self.path, self.tokenizer, self.eos_ids = path, tokenizer, eos_ids
+        self.compute_type, self.threads = compute_type, threads
+        self.generator: Any = None
+
+    def refresh(self, arrays: dict[str, np.ndarray]) -> None:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+
+        tokenizer = self.tokenizer
+
+        class ArraysConverter(TransformersConverter):
+            def load_model(self, model_class, model_name_or_path, **kwargs):  # noqa: ANN001, ANN202
+                with torch.device("meta"):
+                    model = model_class(kwargs["config"])
+                model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()}, strict=False, assign=True)
+                model.tie_weights()
+                return model
+
+            def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):  # noqa: ANN001, ANN202
+                return tokenizer
+
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        no_gc = mock.patch("ctranslate2.converters.transformers.gc", SimpleNamespace(collect=lambda: 0))
+        with tempfile.TemporaryDirectory(dir=shm) as tmp, no_gc:
+            out = ArraysConverter(str(self.path)).convert(os.path.join(tmp, "ct2"), quantization=None)
+            self.generator = ctranslate2.Generator(out, device="cpu", compute_type=self.compute_type,
+                                                   intra_threads=self.threads)
+
+    def generate(self, prompts: list[list[int]], greedy: bool, new_tokens: int, seed: int) -> Rows:
+        import ctranslate2
+
+        ctranslate2.set_random_seed(seed)
+        steps: list[list[tuple[int, float]]] = [[] for _ in prompts]
+
+        def collect(step: Any) -> bool:
+            steps[step.batch_id].append((step.token_id, step.log_prob))
+            return False
+
+        results = self.generator.generate_batch(
+            [self.tokenizer.convert_ids_to_tokens(p) for p in prompts], max_length=new_tokens,
+            sampling_topk=1 if greedy else 0, sampling_temperature=1.0, end_token=sorted(self.eos_ids),
+            return_end_token=True, include_prompt_in_result=False, return_scores=True, callback=collect)
+        rows = []
+        for res, got in zip(results, steps, strict=True):
+            toks = [t for t, _ in got]
+            if toks != res.sequences_ids[0]:
+                raise RuntimeError(f"{self.name}: callback tokens {toks[:8]} differ from result {res.sequences_ids[0][:8]}")
+            rows.append((toks, [float(lp) for _, lp in got]))
+        return rows
+
+
+def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
+    """The candidate called ``name``."""
+    if name in ("hf", "hf-bf16"):
+        return HFCandidate(path, "float32" if name == "hf" else "bfloat16")
+    if name in ("static-bf16", "static-bf16-compile"):
+        return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
+    if name.startswith("ct2-"):
+        return CT2Candidate(path, ref.tokenizer, ref.eos_ids, name.removeprefix("ct2-"), threads)
+    raise ValueError(name)
+
+
+def skip_reason(name: str) -> str | None:
+    """Why ``name`` cannot run here (package missing, compute type unsupported), or None."""
+    if name.startswith("ct2-"):
+        try:
+            import ctranslate2
+        except ImportError:
+            return "ctranslate2 is not installed (pip install ctranslate2)"
+        ct = name.removeprefix("ct2-")
+        if ct not in ctranslate2.get_supported_compute_types("cpu"):
+            return f"compute type {ct} unsupported on this CPU by this ctranslate2 build " \
+                   f"(supported: {sorted(ctranslate2.get_supported_compute_types('cpu'))})"
+    return None
+
+
+@torch.inference_mode()
+def reference_logprobs(ref: HFEngine, prompts: list[list[int]], rows: Rows) -> list[list[float]]:
+    """float32 HF log-probs (raw logits) of each row's tokens, teacher-forced after its prompt."""
+    out = []
+    for p, (toks, _) in zip(prompts, rows, strict=True):
+        ids = torch.tensor([p + toks])
+        logits = ref.model(input_ids=ids).logits[0, len(p) - 1: -1].float()
+        out.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None]).squeeze(1).tolist())
+    return out
+
+
+def timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """(fn(*args), wall seconds)."""
+    t0 = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per candidate, batch and mode")
+    ap.add_argument("--candidates", default="hf,hf-bf16,static-bf16,ct2-int8,ct2-float32,ct2-bfloat16")
+    ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1.0)")
+    ap.add_argument("--threads", type=int, default=0, help="torch and CTranslate2 threads (0 = torch's default)")
+    ap.add_argument("--out", default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = args.modes.split(",")
+    path = resolve_model_path(ModelConfig())
+    ref = HFEngine(path, device="cpu")
+    arrays = {n: p.detach().to(torch.float32, copy=True).numpy() for n, p in ref.model.named_parameters()}
+
+    cands: dict[str, Candidate] = {}
+    refresh_s: dict[str, float] = {}
+    rows: list[dict] = []
+    for name in args.candidates.split(","):
+        reason = skip_reason(name)
+        if reason:
+            print(f"[skip] {name}: {reason}", flush=True)
+            rows.append({"candidate": name, "skipped": reason})
+            continue
+        cand, load_s = timed(build, name, path, ref, threads)
+        cands[name] = cand
+        refresh_s[name] = statistics.median(timed(cand.refresh, arrays)[1] for _ in range(args.repeats))
+        print(f"[load] {name}: build {load_s:.2f}s, refresh {refresh_s[name]:.3f}s", flush=True)
+
+    results: dict[tuple[str, int, str], list[float]] = {}
+    first_call: dict[tuple[str, int], float] = {}
+    agree: dict[tuple[str, int], dict] = {}
+    for b in batches:
+        prompts = [ref.encode_chat([{"role": "user", "content": q}])
+                   for q in (QUESTIONS * (b // len(QUESTIONS) + 1))[:b]]
+        hf_greedy = cands["hf"].generate(prompts, True, args.new_tokens, 0) if "hf" in cands else None
+        for name, cand in cands.items():  # first call: warm-up, compile, greedy agreement, log-prob agreement
+            greedy, first_call[(name, b)] = timed(cand.generate, prompts, True, args.new_tokens, 0)
+            sampled = cand.generate(prompts, False, args.new_tokens, 0)
+            ref_lp = reference_logprobs(ref, prompts, sampled)
+            diffs = [abs(a - c) for (_, lps), rl in zip(sampled, ref_lp, strict=True) for a, c in zip(lps, rl, strict=True)]
+            agree[(name, b)] = {
+                "lp_mean_abs_diff": statistics.fmean(diffs), "lp_max_abs_diff": max(diffs),
+                "lp_finite_nonpositive": all(np.isfinite(x) and x <= 1e-6 for _, lps in sampled for x in lps),
+                "greedy_rows_match32": (sum(g[0][:MATCH_TOKENS] == h[0][:MATCH_TOKENS]
+                                            for g, h in zip(greedy, hf_greedy, strict=True)) if hf_greedy else None)}
+            print(f"[first] {name} b={b}: {first_call[(name, b)]:.2f}s {agree[(name, b)]}", flush=True)
+        for r in range(args.repeats):
+            for mode in modes:
+                for name, cand in cands.items():
+                    out, secs = timed(cand.generate, prompts, mode == "greedy", args.new_tokens, r + 1)
+                    n = sum(len(t) for t, _ in out)
+                    results.setdefault((name, b, mode), []).append(n / secs)
+                    print(f"[run] b={b} r={r} {mode} {name}: {n} tok {secs:.2f}s {n / secs:.1f} tok/s", flush=True)
+
+    hf_step = None
+    for name in cands:
+        for b in batches:
+            row = {"candidate": name, "batch": b, "first_call_s": first_call[(name, b)], "refresh_s": refresh_s[name]}
+            for mode in modes:
+                row[f"{mode}_tok_s"] = statistics.median(results[(name, b, mode)])
+            tps = row.get("sample_tok_s", row.get("greedy_tok_s"))
+            if b == 8:
+                row["rl_step_tok_s"] = 512 / (512 / tps + refresh_s[name])
+                if name == "hf":
+                    hf_step = row["rl_step_tok_s"]
+            row.update(agree[(name, b)])
+            rows.append(row)
+    for row in rows:
+        if "rl_step_tok_s" in row and hf_step:
+            row["rl_step_vs_hf"] = row["rl_step_tok_s"] / hf_step
+    write_results(args.out, rows, meta={
+        "model": "SmolLM2-135M-Instruct (embedded, plain safetensors)", "threads": threads,
+        "new_tokens": args.new_tokens, "repeats": args.repeats, "sampling": "temperature 1.0, top-k/top-p off",
+        "versions": {m: sys.modules[m].__version__ for m in ("torch", "transformers", "ctranslate2") if m in sys.modules}})
+
+
+if __name__ == "__main__":
+    main()
