@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
-from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ziprl.learner.checkpoint import (
+    CheckpointError,
+    export_model,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ziprl.learner.trainer import Trainer
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
@@ -71,3 +77,36 @@ def test_layout_latest_pointer_and_retention(tiny_model_dir, batches, tmp_path):
     assert load_checkpoint(Trainer(make_cfg(beta=0.0), tiny_model_dir), paths[1]) == {"step": 1}
     with pytest.raises(FileNotFoundError):
         load_checkpoint(run, tmp_path / "nowhere")
+
+
+def test_retention_follows_run_keep_checkpoints(tiny_model_dir, batches, tmp_path):
+    """``run.keep_checkpoints`` decides how many stay when the caller does not say; 0 keeps every one."""
+    for keep, expected in ((2, 2), (0, 3)):
+        cfg = make_cfg(beta=0.0)
+        cfg.run.keep_checkpoints = keep
+        run, out = Trainer(cfg, tiny_model_dir), tmp_path / f"keep{keep}"
+        for step in range(3):
+            run.train_step(batches[step])
+            save_checkpoint(run, out, {"step": step})
+        names = sorted(p.name.split("-")[0] for p in (out / "checkpoints").iterdir() if p.name != "latest")
+        assert names == [f"step_{s}" for s in range(4 - expected, 4)]
+
+
+def test_export_model_loads_the_checkpoint_weights(tiny_model_dir, batches, tmp_path):
+    """An exported checkpoint is an HF model directory with the trained weights and the base's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    run = Trainer(make_cfg(beta=0.0, lr=1e-2), tiny_model_dir)
+    run.train_step(batches[0])
+    path = save_checkpoint(run, tmp_path, {})
+    out = export_model(path, tiny_model_dir, tmp_path / "exported")
+    trained = run.named_weights_numpy()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.detach().numpy(), trained[name], err_msg=name)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), model.parameters(), strict=True))
+    assert (out / "tokenizer.json").is_file() or (out / "tokenizer_config.json").is_file()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        export_model(path, tmp_path, tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()

@@ -264,6 +264,7 @@ class RunConfig:
 
     out_dir: str = opt("runs/default", "directory of the run's checkpoints, TensorBoard logs and trajectories.")
     checkpoint_every: int = opt(1, "save a checkpoint every this many learner steps (and after the last).")
+    keep_checkpoints: int = opt(2, "checkpoints kept (the newest); 0 = all (e.g. to evaluate each one later).")
     resume: bool = opt(False, "continue from the newest checkpoint under out_dir.")
     sft_checkpoint: str | None = opt(None, "a Stage 1 model directory: skip the cold start and train from it.")
 
@@ -312,6 +313,7 @@ class ZipRLConfig:
              "sft.epochs and sft.micro_batch must be >= 1, sft.max_seq_len >= 2"),
             (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1 (a checkpoint every N learner steps), "
              f"got {run.checkpoint_every}"),
+            (run.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0 keeps all), got {run.keep_checkpoints}"),
             (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
             (self.data.limit is None or self.data.limit >= 1, f"data.limit must be >= 1 or null, got {self.data.limit}"),
             (self.demos.limit >= 0, f"demos.limit must be >= 0 (0 = every question), got {self.demos.limit}"),

@@ -49,8 +49,10 @@ class CheckpointError(UserError, ValueError):
     """A checkpoint is incomplete, unreadable or of another model; the message names it and the fix."""
 
 
-def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = 2) -> Path:
-    """Write ``<out_dir>/checkpoints/step_<n>/`` and point ``latest`` at it; keep the newest ``keep`` (None = all).
+def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any],
+                    keep: int | None = None) -> Path:
+    """Write ``<out_dir>/checkpoints/step_<n>/`` and point ``latest`` at it; keep the newest ``keep`` (None = the
+    run's ``run.keep_checkpoints``, 0 = all).
 
     ``data_position`` is an opaque JSON-serialisable dict (e.g. dataset cursor and epoch) handed back by
     :func:`load_checkpoint`. Every rank must call this (ZeRO gathers are collective); rank 0 writes.
@@ -96,7 +98,8 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
             save_file(rng, tmp / "rng.safetensors")
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
         atomic_write_text(root / LATEST, final.name + "\n")
-        if keep is not None:
+        keep = trainer.cfg.run.keep_checkpoints if keep is None else keep
+        if keep:
             prune(root, keep)
     if world_size() > 1:
         torch.distributed.barrier()
@@ -160,6 +163,23 @@ def verify_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint {path}: state.json lacks the fields {needed}")
     return path
 
+
+
+def export_model(checkpoint: str | Path, base_model: str | Path, out: str | Path) -> Path:
+    """An HF model directory at ``out``: ``base_model``'s config and tokenizer files with ``checkpoint``'s weights.
+
+    ``base_model`` is the directory the run started from (``run.sft_checkpoint`` or ``model.path``); the result
+    loads with ``from_pretrained`` and as ``model.path`` (e.g. ``python -m ziprl.eval --model OUT``).
+    """
+    checkpoint, base_model = verify_checkpoint(checkpoint), Path(base_model)
+    if not (base_model / "config.json").is_file():
+        raise CheckpointError(f"{base_model} is not a model directory (no config.json); pass the run's base model")
+    with atomic_dir(Path(out)) as tmp:
+        for f in base_model.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json")):  # weights come from the checkpoint
+                shutil.copy2(f, tmp / f.name)
+        save_file(load_file(checkpoint / "model.safetensors"), tmp / "model.safetensors", metadata={"format": "pt"})
+    return Path(out)
 
 
 def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, Any]:

@@ -1,0 +1,298 @@
+"""Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issue 21, part 2).
+
+    python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps 8]
+                                  [--eval-every 4] [--eval-limit 100] [--out runs/learning] [--report-only]
+
+Questions, all over the pooled corpus (HotpotQA + MuSiQue passages, 6,850):
+- training: HotpotQA train (100) + MuSiQue train (100) + HotpotQA dev-distractor questions 0-199;
+- held-out: HotpotQA dev-distractor questions 200-299, seen neither by the demonstrations nor by RL.
+
+Stage 1: the scripted teacher plays every training question it can (those with supporting titles), the kept
+episodes are the SFT data (cached like ``python -m ziprl.launch``'s). RL: for each seed, ``ziprl.train`` with
+w = 0 (plain GRPO) and w = 0.2 (HRR) from the same Stage-1 model on the same question order and sampling
+seeds (paired). The Stage-1 model and every ``--eval-every``-th checkpoint are evaluated on the held-out
+questions (adaptive strategy, one sample each, seeded). Reports after - before and w = 0.2 - w = 0 with 95%
+bootstrap intervals over questions (and over seeds for the paired comparison), per-step training curves, PNGs,
+JSON + markdown under benchmarks/results/. Finished runs and evaluations under ``--out`` are read, not redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, write_results  # noqa: E402
+
+from ziprl.config import load_config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation
+WEIGHTS = (0.0, 0.2)
+
+
+def log(msg: str) -> None:
+    print(f"[learning {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def stage1(config: Path, overrides: list[str]) -> Path:
+    """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing."""
+    from ziprl.env.demos import build_demos
+    from ziprl.learner.sft import run_sft, stage1_dir
+
+    cfg = load_config(config, overrides)
+    root = stage1_dir(cfg)
+    if (root / "model" / "config.json").is_file():
+        return root / "model"
+    cfg.demos.out = str(root / "demos.parquet")
+    demos, counts = build_demos(cfg)
+    (root / "demos_counts.json").write_text(json.dumps(counts))
+    log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} transitions; SFT")
+    t0 = time.perf_counter()
+    model = run_sft(cfg, demos, root)
+    (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+    return model
+
+
+def split_questions(out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
+    """Training and held-out question files under ``out`` (unified JSONL), and the pooled corpus they search."""
+    from ziprl.env.datasets import corpus_for, load_dataset, write_qa_jsonl
+
+    pooled = load_dataset("pooled")
+    dev = [ex for ex in pooled if ex.source == "hotpotqa-dev-distractor"]
+    held_out = [dev[i] for i in HELD_OUT][:eval_limit]
+    held_ids, held_text = {ex.id for ex in held_out}, {ex.question for ex in held_out}
+    train = [ex for ex in pooled if ex.id not in held_ids and ex.question not in held_text]
+    out.mkdir(parents=True, exist_ok=True)
+    return (write_qa_jsonl(train, out / "train.jsonl"), write_qa_jsonl(held_out, out / "heldout.jsonl"),
+            corpus_for("pooled"))
+
+
+def check_demos_disjoint(model: Path, held_out: Path) -> int:
+    """Number of demonstration episodes; raises if any was played on a held-out question."""
+    import pyarrow.parquet as pq
+
+    from ziprl.env.datasets import load_qa_jsonl
+
+    demos = model.parent / "demos.parquet"
+    if not demos.is_file():  # a Stage-1 model given by --stage1-model: its demonstrations are not known
+        return 0
+    ids = set(pq.read_table(demos, columns=["question_id"]).column(0).to_pylist())
+    leaked = ids & {ex.id for ex in load_qa_jsonl(held_out)}
+    if leaked:
+        raise SystemExit(f"demonstrations played held-out questions: {sorted(leaked)[:5]}")
+    return len(ids)
+
+
+def run_rl(config: Path, overrides: list[str], run_dir: Path) -> list[dict]:
+    """Per-step metrics of one RL run (read when it finished earlier under the same directory)."""
+    from ziprl.learner.in_process import train
+    from ziprl.rundir import prepare_run_dir
+
+    cfg = load_config(config, overrides + [f"run.out_dir={run_dir}"])
+    done = read_metrics(run_dir)
+    if len(done) == cfg.learner.steps:
+        return done
+    prepare_run_dir(run_dir, resume=False, overwrite=True)  # an interrupted run starts over (a marked run only)
+    train(cfg, progress=True)
+    return read_metrics(run_dir)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def checkpoint_model(run_dir: Path, step: int, base: Path) -> Path:
+    """The HF model directory of the run's checkpoint at ``step`` (exported once, beside the run)."""
+    from ziprl.learner.checkpoint import export_model
+
+    out = run_dir.parent / "models" / f"{run_dir.name}_step{step}"
+    if (out / "config.json").is_file():
+        return out
+    found = sorted((run_dir / "checkpoints").glob(f"step_{step}-*"))
+    if not found:
+        raise SystemExit(f"{run_dir} has no checkpoint of step {step}")
+    return export_model(found[-1], base, out)
+
+
+def evaluate(config: Path, model: Path, held_out: Path, corpus: Path, cache: Path) -> dict:
+    """Held-out evaluation of one model (adaptive strategy, one seeded sample per question), cached as JSON."""
+    from ziprl.env.stats import trajectory_stats
+    from ziprl.evaluation.harness import load_eval_setup, run_strategy
+
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    cfg = load_config(config, [f"model.path={model}", f"data.dataset={held_out}", f"retriever.corpus={corpus}",
+                               "rollout.group_size=1", "data.seed=0"])
+    log(f"evaluating {model} on {held_out.name}")
+    stats, trajs = run_strategy(cfg, "adaptive", load_eval_setup(cfg), progress=True)
+    result = {"model": str(model), "stats": stats,
+              "per_question": [{"id": t.question_id} | trajectory_stats([t]) for t in trajs]}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(result))
+    log(f"  F1 {stats['f1']:.3f} EM {stats['em']:.3f} format errors/turn {stats['format_error_rate']:.3f} "
+        f"({stats['seconds']:.0f} s)")
+    return result
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def bootstrap(diffs: list[list[float]], n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of per-question differences (rows: seeds, columns: questions) and its 95% percentile interval,
+    resampling questions (the same draw for every seed) with replacement."""
+    import numpy as np
+
+    a = np.asarray(diffs, dtype=float).reshape(len(diffs), -1)
+    idx = np.random.default_rng(seed).integers(0, a.shape[1], size=(n, a.shape[1]))
+    means = a[:, idx].mean(axis=(0, 2))
+    return float(a.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
+TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
+                 "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
+                 "dlogp_pos_adv": "learner/dlogp_pos_adv", "dlogp_neg_adv": "learner/dlogp_neg_adv",
+                 "step_seconds": "perf/step_seconds"}
+
+
+def per_question(result: dict, metric: str) -> dict[str, float]:
+    return {q["id"]: q.get(metric, 0.0) for q in result["per_question"]}
+
+
+def paired(a: dict, b: dict, metric: str) -> list[float]:
+    """b - a per question, over the questions both evaluated."""
+    pa, pb = per_question(a, metric), per_question(b, metric)
+    return [pb[k] - pa[k] for k in sorted(pa) if k in pb]
+
+
+def eval_rows(evals: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, res in evals.items():
+        s = res["stats"]
+        rows.append({"model": name, **{m: s.get(m, 0.0) for m in EVAL_METRICS},
+                     "levels 1-5": "/".join(f"{s.get(f'level_{g}_frac', 0.0):.2f}" for g in range(1, 6))})
+    return rows
+
+
+def diff_rows(evals: dict[str, dict], seeds: list[int], steps: int) -> list[dict]:
+    """After - before (each w, seeds pooled) and w = 0.2 - w = 0 (paired by seed and question), with 95% CIs."""
+    rows = []
+    for metric in EVAL_METRICS:
+        for w in WEIGHTS:
+            d = [paired(evals["stage1"], evals[f"w{w:g}_seed{s}_step{steps}"], metric) for s in seeds]
+            mean, lo, hi = bootstrap(d)
+            rows.append({"comparison": f"w={w:g} step {steps} - Stage 1", "metric": metric, "mean": mean,
+                         "ci95_low": lo, "ci95_high": hi, "seeds": len(seeds), "questions": len(d[0])})
+        d = [paired(evals[f"w0_seed{s}_step{steps}"], evals[f"w0.2_seed{s}_step{steps}"], metric) for s in seeds]
+        mean, lo, hi = bootstrap(d)
+        rows.append({"comparison": f"w=0.2 - w=0 at step {steps}", "metric": metric, "mean": mean,
+                     "ci95_low": lo, "ci95_high": hi, "seeds": len(seeds), "questions": len(d[0])})
+    return rows
+
+
+def train_rows(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per run: first-half vs second-half means of the training curves."""
+    import statistics
+
+    rows = []
+    for name, metrics in runs.items():
+        half = max(1, len(metrics) // 2)
+        for phase, part in (("first half", metrics[:half]), ("second half", metrics[half:])):
+            if part:
+                rows.append({"run": name, "steps": phase} | {k: statistics.fmean(m.get(key, 0.0) for m in part)
+                                                            for k, key in TRAIN_METRICS.items()})
+    return rows
+
+
+def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict) -> None:
+    import statistics
+
+    from ziprl.plots import plot_curves
+
+    seeds, steps = meta["seeds"], meta["steps"]
+    write_results("learning_heldout", eval_rows(evals), meta)
+    write_results("learning_diff", diff_rows(evals, seeds, steps), meta)
+    write_results("learning_train", train_rows(runs), meta | {"curves": {n: [{k: m.get(key) for k, key in
+                                                                         TRAIN_METRICS.items()} for m in r]
+                                                                         for n, r in runs.items()}})
+    for metric, png in (("reward", "learning_reward.png"), ("q_com", "learning_qcom.png"),
+                        ("zero_variance_frac", "learning_zero_variance.png")):
+        curves = {f"w={w:g}": [(i + 1, statistics.fmean(runs[f"w{w:g}_seed{s}"][i].get(TRAIN_METRICS[metric], 0.0)
+                                                         for s in seeds)) for i in range(steps)] for w in WEIGHTS}
+        plot_curves(curves, RESULTS / png, f"Training {metric}, mean over {len(seeds)} seed(s)", metric)
+    held = {f"w={w:g}": [(k, statistics.fmean(evals["stage1" if k == 0 else f"w{w:g}_seed{s}_step{k}"]["stats"]["f1"]
+                                              for s in seeds)) for k in meta["eval_steps"]] for w in WEIGHTS}
+    plot_curves(held, RESULTS / "learning_heldout_f1.png", f"Held-out F1 ({meta['questions_held_out']} questions)",
+                "F1")
+
+
+def log_eval_tb(run_dir: Path, step: int, stats: dict) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir / "tb"), filename_suffix=".heldout")
+    for m in EVAL_METRICS:
+        writer.add_scalar(f"heldout/{m}", stats.get(m, 0.0), step)
+    writer.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps)")
+    ap.add_argument("--eval-every", type=int, default=4, help="evaluate every K-th step's checkpoint")
+    ap.add_argument("--eval-limit", type=int, default=len(HELD_OUT), help="the first N held-out questions only")
+    ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
+    ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
+    ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
+    args = ap.parse_args()
+    config, out, seeds = Path(args.config), Path(args.out), [int(s) for s in args.seeds.split(",")]
+    t0 = time.perf_counter()
+    model = Path(args.stage1_model) if args.stage1_model else stage1(config, [])
+    log(f"Stage-1 model: {model}")
+    if args.stage1_only:
+        return
+    train_path, held_path, corpus = split_questions(out, args.eval_limit)
+    demo_questions = check_demos_disjoint(model, held_path)
+    steps = args.steps or load_config(config, []).learner.steps
+    eval_steps = [0, *range(args.eval_every, steps + 1, args.eval_every)]
+    if eval_steps[-1] != steps:
+        eval_steps.append(steps)
+    evals = {"stage1": evaluate(config, model, held_path, corpus, out / "eval" / "stage1.json")}
+    runs: dict[str, list[dict]] = {}
+    for seed in seeds:  # seed-major: each seed's pair finishes together
+        for w in WEIGHTS:
+            name = f"w{w:g}_seed{seed}"
+            run_dir = out / name
+            runs[name] = run_rl(config, [f"data.dataset={train_path}", f"retriever.corpus={corpus}",
+                                         f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",
+                                         f"learner.steps={steps}", f"run.sft_checkpoint={model}",
+                                         f"run.checkpoint_every={args.eval_every}", "run.keep_checkpoints=0"], run_dir)
+            log(f"{name}: {steps} steps, reward {[round(m['rollout/reward'], 2) for m in runs[name]]}")
+            log_eval_tb(run_dir, 0, evals["stage1"]["stats"])
+            for k in eval_steps[1:]:
+                res = evaluate(config, checkpoint_model(run_dir, k, model), held_path, corpus,
+                               out / "eval" / f"{name}_step{k}.json")
+                evals[f"{name}_step{k}"] = res
+                log_eval_tb(run_dir, k, res["stats"])
+    meta = {"config": str(config.relative_to(REPO) if config.is_relative_to(REPO) else config), "seeds": seeds,
+            "steps": steps, "eval_steps": eval_steps, "stage1_model": f"<ZIPRL_CACHE>/stage1/{model.parent.name}/model",
+            "demo_questions": demo_questions, "questions_held_out": args.eval_limit,
+            "settings": load_config(config, []).to_dict(), "seconds": time.perf_counter() - t0}
+    counts = model.parent / "demos_counts.json"
+    if counts.is_file():
+        meta["demos"] = json.loads(counts.read_text())
+    report(evals, runs, meta)
+    log(f"done in {meta['seconds'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
