@@ -1,6 +1,7 @@
 """Turn rows, micro-batches and response log-probs, with a tiny random Llama."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -269,3 +270,65 @@ def test_logits_kept_do_not_grow_with_prompt_spread(model):
     assert spy.kept == [3 + 1]  # longest response + 1, not 60 - 3 + 3 + 1
     for k, row in enumerate(rows):
         assert logp[k][mb.loss_mask[k] == 1].tolist() == pytest.approx(direct_logprobs(model, row), abs=1e-5)
+
+
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_a_loss_mask_shifted_against_the_responses_is_refused(shift):
+    """Left: the mask covers the last prompt token (and drops each turn's last token); right: it covers padding.
+    Either is refused where the micro-batch is built, before any loss is computed (the learning gate's mutation)."""
+    a = traj("g", 1.0, [turn([1, 2, 3], [4, 5])])
+    b = traj("g", 0.0, [turn([1, 2], [10, 11, 12, 13])])
+    (mb,) = make_micro_batches(build_rows([a, b], [[1.0], [-1.0]], "trajectory"), 8, PAD)
+    mask = torch.roll(mb.loss_mask, shift, dims=1)
+    with pytest.raises(ValueError, match="loss mask covers a (prompt|padding) token"):
+        dataclasses.replace(mb, loss_mask=mask)
+    assert dataclasses.replace(mb, adv=-mb.adv).loss_mask.equal(mb.loss_mask)  # other edits keep a valid batch
+
+
+def test_shared_prefix_layout_and_length():
+    """The rows' common leading tokens fill columns 0..S-1 of every row, then the padding; S leaves every row one
+    prompt token of its own, and one row shares nothing."""
+    from ziprl.learner.batch import collate, computed_tokens, shared_prefix_len
+
+    a = traj("g", 1.0, [turn([1, 2, 3, 4], [5, 6])])
+    b = traj("g", 0.0, [turn([1, 2, 3, 9, 9, 9], [7])])
+    rows = build_rows([a, b], [[1.0], [-1.0]], "trajectory")
+    assert shared_prefix_len(rows) == 3 and shared_prefix_len(rows[:1]) == 0
+    same = build_rows([a, a], [[1.0], [1.0]], "trajectory")
+    assert shared_prefix_len(same) == 3  # identical prompts: all but the last prompt token
+    mb = collate(rows, PAD, share_prefix=True)
+    assert mb.prefix_len == 3 and mb.response_start == 6
+    assert mb.input_ids[0].tolist() == [1, 2, 3, PAD, PAD, 4, 5, 6]
+    assert mb.input_ids[1].tolist() == [1, 2, 3, 9, 9, 9, 7, PAD]
+    assert mb.position_ids[0].tolist()[:6] == [0, 1, 2, 2, 2, 3]  # RoPE positions count real tokens only
+    assert mb.loss_mask[0].tolist() == [0] * 6 + [1, 1] and mb.loss_mask[1].tolist() == [0] * 6 + [1, 0]
+    assert computed_tokens(mb) == 3 + (3 + 4)  # the prefix once, each row's own tokens
+    assert collate(rows, PAD).prefix_len == 0
+
+
+@pytest.mark.parametrize("cache_kw", ["cache", "past_key_values"])
+def test_shared_prefix_gives_the_unshared_logprobs_and_gradients(model, cache_kw, monkeypatch):
+    """Running the common prefix once (its keys and values repeated over the rows) changes neither the response
+    log-probs nor the gradient of the loss, under either spelling of the KV-cache argument."""
+    from ziprl.learner.batch import collate
+    from ziprl.policy import kv
+
+    monkeypatch.setattr(kv, "cache_kwarg", lambda m: cache_kw)
+    monkeypatch.setattr("ziprl.learner.batch.cache_kwarg", lambda m: cache_kw)
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(1, 64, (20,), generator=g).tolist()
+    trajs = [traj("g", float(k % 2), [turn(system + torch.randint(1, 64, (3 + 2 * k,), generator=g).tolist(),
+                                           torch.randint(1, 64, (2 + k,), generator=g).tolist())]) for k in range(4)]
+    rows = build_rows(trajs, [[1.0], [-1.0], [0.5], [-0.5]], "trajectory")
+    results = {}
+    for share in (False, True):
+        mb = collate(rows, PAD, share_prefix=share)
+        model.zero_grad(set_to_none=True)
+        logp = response_logprobs(model, mb)
+        loss, _ = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask)
+        loss.backward()
+        results[share] = (logp[mb.loss_mask.bool()].detach(), [p.grad.clone() for p in model.parameters()])
+    assert collate(rows, PAD, share_prefix=True).prefix_len == 20
+    assert results[True][0].tolist() == pytest.approx(results[False][0].tolist(), abs=1e-5)
+    for shared, plain in zip(results[True][1], results[False][1], strict=True):
+        assert torch.allclose(shared, plain, atol=1e-6, rtol=1e-4)

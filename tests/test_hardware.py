@@ -28,3 +28,18 @@ def test_gemm_peak_is_measured_each_call(monkeypatch):
     first = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
     second = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
     assert first > 0 and second > 0 and len(calls) == 2 * 3  # reps + 1 warm-up product, twice
+
+
+@pytest.mark.parametrize(("bf16_rate", "f32_rate", "expected"), [(900e9, 220e9, True), (190e9, 300e9, False),
+                                                                (320e9, 300e9, False)])
+def test_bf16_is_chosen_on_a_cpu_only_where_it_is_measured_faster(monkeypatch, bf16_rate, f32_rate, expected):
+    """AMD's AVX-512 BF16 measured ~4x float32 here, an Intel CPU with AVX-512 BF16 but no AMX 0.6x: the flag alone
+    would slow the learner down, so the measured rates decide."""
+    from ziprl.learner import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: True)
+    rates = {torch.bfloat16: bf16_rate, torch.float32: f32_rate}
+    monkeypatch.setattr(hardware, "gemm_peak_flops", lambda dtype, device, **kw: rates[dtype])
+    assert hardware.bf16_pays("cpu") is expected
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: False)
+    assert hardware.bf16_pays("cpu") is False  # no bf16 instructions: never measured, never chosen

@@ -186,8 +186,9 @@ class LearnerConfig:
     zero_stage: int = opt(0, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer state over "
                              "ray.learner_ranks).")
     bf16: bool | None = opt(None, "bfloat16 compute with float32 master weights and optimizer state (autocast; "
-                                  "DeepSpeed's bf16 mode on CUDA with ZeRO >= 1); null = on where the device "
-                                  "multiplies bf16 natively (CUDA, or a CPU with AVX-512 BF16 / AMX).")
+                                  "DeepSpeed's bf16 mode on CUDA with ZeRO >= 1); null = on where it is faster: "
+                                  "CUDA with bf16, or a CPU whose measured bf16 matrix products run >= 1.5x its "
+                                  "float32 ones (AVX-512 BF16 without AMX can be slower than float32).")
     rollout_correction: str = opt("auto", "tis (truncated importance sampling of the learner's over the engine's "
                                           "token probabilities, as verl's rollout correction) | off | auto = tis "
                                           "whenever the engine's numerics differ from the learner's.")
@@ -195,6 +196,8 @@ class LearnerConfig:
     probe_update: bool = opt(True, "after each step re-score one micro-batch (one forward) and log how the update "
                                    "moved the log-probs of positive- and negative-advantage tokens.")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
+    share_prefix: bool = opt(True, "run the leading tokens every turn of a micro-batch shares (the system prompt) "
+                                   "once per micro-batch, not once per turn; off with gradient checkpointing.")
     steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
     seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
 

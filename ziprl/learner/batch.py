@@ -4,6 +4,11 @@ Layout (token-aligned): a row ``input_ids = prompt_ids + response_ids``; in a mi
 left-padded and responses right-padded, so every response starts at the same column P and only the
 logits at columns P-1 .. T-2 are ever computed ([B, longest response, V], whatever the prompt lengths).
 Position ids count real tokens only, so padding never shifts RoPE (as in ``HFEngine``'s prefill).
+
+Shared prefix (``share_prefix``): the tokens every row of a micro-batch starts with (the system prompt of every
+turn, ~300 of a turn's ~700 tokens with the default prompt) sit in columns 0 .. S-1 of every row, the padding
+after them; the forward runs them once for the micro-batch and the rows attend to their repeated keys and values
+(``ziprl.policy.kv.prefix_cache``). Log-probs and gradients are those of the unshared forward (to float round-off).
 Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
 response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
 logits at t - 1 (the next-token shift is done inside ``response_logprobs``). Prompt tokens (system,
@@ -27,6 +32,7 @@ from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import entropy_from_logits, token_logprobs, token_weight
+from ziprl.policy.kv import cache_kwarg, prefix_cache
 
 
 @dataclass
@@ -54,6 +60,18 @@ class MicroBatch:
     adv: Tensor
     weight: Tensor
     response_start: int  # the column of every row's first response token
+    prefix_len: int = 0  # columns 0 .. prefix_len - 1 hold the same tokens in every row (run once)
+
+    def __post_init__(self) -> None:
+        """An off-by-one between the loss mask and the responses is refused where the batch is built (on the host)."""
+        if self.loss_mask.device.type != "cpu":
+            return
+        if self.loss_mask[:, : self.response_start].any():
+            raise ValueError("loss mask covers a prompt token (a column before response_start): the mask is shifted "
+                             "against the responses; build micro-batches with collate()")
+        if (self.loss_mask.bool() & ~self.attention_mask.bool()).any():
+            raise ValueError("loss mask covers a padding token: the mask is shifted against the responses; build "
+                             "micro-batches with collate()")
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
@@ -120,8 +138,22 @@ def build_rows(
     return rows
 
 
-def collate(rows: Sequence[TurnRow], pad_id: int) -> MicroBatch:
-    """Pad rows into one MicroBatch: prompts on the left, responses on the right, all responses at one column."""
+def shared_prefix_len(rows: Sequence[TurnRow]) -> int:
+    """How many leading tokens every row has in common, leaving each row at least one prompt token of its own
+    (its last prompt token's logit scores the first response token); 0 for a single row."""
+    if len(rows) < 2:
+        return 0
+    n = min(r.response_start for r in rows) - 1
+    first = rows[0].input_ids
+    for r in rows[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], r.input_ids[:n], strict=True)) if a != b), n)
+    return max(n, 0)
+
+
+def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False) -> MicroBatch:
+    """Pad rows into one MicroBatch: prompts on the left, responses on the right, all responses at one column;
+    with ``share_prefix`` the rows' common leading tokens first, then the padding."""
+    s = shared_prefix_len(rows) if share_prefix else 0
     p = max(r.response_start for r in rows)
     b, t = len(rows), p + max(len(r.input_ids) - r.response_start for r in rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
@@ -129,22 +161,31 @@ def collate(rows: Sequence[TurnRow], pad_id: int) -> MicroBatch:
     loss_mask = torch.zeros((b, t), dtype=torch.float32)
     old_logp, adv, weight = (torch.zeros((b, t), dtype=torch.float32) for _ in range(3))
     for k, r in enumerate(rows):
-        first, end = p - r.response_start, p + len(r.input_ids) - r.response_start
-        ids[k, first:end] = torch.tensor(r.input_ids, dtype=torch.long)
+        first, end = p - r.response_start + s, p + len(r.input_ids) - r.response_start
+        ids[k, :s] = torch.tensor(r.input_ids[:s], dtype=torch.long)
+        attn[k, :s] = 1
+        ids[k, first:end] = torch.tensor(r.input_ids[s:], dtype=torch.long)
         attn[k, first:end] = 1
         loss_mask[k, p:end] = 1.0
         old_logp[k, p:end] = torch.tensor(r.old_logp, dtype=torch.float32)
         adv[k, p:end] = r.advantage
         weight[k, p:end] = r.weight
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight, p)
+    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight, p, s)
 
 
-def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
+def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int,
+                       share_prefix: bool = False) -> list[MicroBatch]:
     """Consecutive groups of ``micro_batch_size`` rows, each padded to its own longest prompt and response."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return [collate(rows[s : s + micro_batch_size], pad_id) for s in range(0, len(rows), micro_batch_size)]
+    return [collate(rows[s : s + micro_batch_size], pad_id, share_prefix)
+            for s in range(0, len(rows), micro_batch_size)]
+
+
+def computed_tokens(batch: MicroBatch) -> int:
+    """Tokens the forward actually runs: the shared prefix once, every row's other real tokens."""
+    return int(batch.attention_mask[:, batch.prefix_len :].sum()) + batch.prefix_len
 
 
 def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:
@@ -153,8 +194,16 @@ def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: flo
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
     start = batch.response_start - 1  # known on the host: no device sync before the forward
     keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                use_cache=False, logits_to_keep=keep)
+    s = batch.prefix_len
+    if s:
+        cache = prefix_cache(model, batch.input_ids[:1, :s], batch.attention_mask[:1, :s],
+                             batch.position_ids[:1, :s], batch.input_ids.size(0))
+        out = model(input_ids=batch.input_ids[:, s:], attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids[:, s:], use_cache=False, logits_to_keep=keep,
+                    **{cache_kwarg(model): cache})
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep)
     logits = out.logits[:, -keep:-1]
     return (logits if temperature == 1.0 else logits / temperature), start
 

@@ -19,11 +19,25 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     return any(f in flags for f in BF16_CPU_FLAGS)
 
 
+BF16_MIN_SPEEDUP = 1.5  # a CPU learner computes in bf16 only when its bf16 products run this much faster
+
+
 def native_bf16(device: str) -> bool:
     """True when ``device`` ("cpu" or "cuda") computes bfloat16 matrix products natively."""
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return cpu_has_bf16()
+
+
+def bf16_pays(device: str) -> bool:
+    """Whether bf16 compute is the faster choice on ``device``: CUDA with bf16; a CPU with bf16 instructions whose
+    measured bf16 GEMM rate is >= ``BF16_MIN_SPEEDUP`` x its float32 rate (AMX or AMD's AVX-512 BF16 reach ~4x;
+    an Intel CPU with AVX-512 BF16 but no AMX measured 0.6x: 190 vs 290-340 GFLOP/s on 2 threads)."""
+    if not native_bf16(device):
+        return False
+    if device.startswith("cuda"):
+        return True
+    return gemm_peak_flops(torch.bfloat16, device) >= BF16_MIN_SPEEDUP * gemm_peak_flops(torch.float32, device)
 
 
 def gemm_peak_flops(dtype: torch.dtype, device: str, n: int = 2048, reps: int = 3) -> float:

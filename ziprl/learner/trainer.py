@@ -44,12 +44,13 @@ from ziprl.learner.batch import (
     MicroBatch,
     TurnRow,
     build_rows,
+    computed_tokens,
     make_micro_batches,
     response_logprobs,
     response_logprobs_and_entropy,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
-from ziprl.learner.hardware import gemm_peak_flops, model_flop_utilisation, native_bf16
+from ziprl.learner.hardware import bf16_pays, gemm_peak_flops, model_flop_utilisation
 from ziprl.learner.losses import policy_loss
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
@@ -98,7 +99,7 @@ class Trainer:
         lc = cfg.learner
         self.model_path = Path(model_path) if model_path is not None else resolve_model_path(cfg.model)
         device = resolve_device(cfg.model.device)
-        self.bf16 = native_bf16(device) if lc.bf16 is None else lc.bf16
+        self.bf16 = bf16_pays(device) if lc.bf16 is None else lc.bf16
         if self.bf16 and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             raise ConfigError("learner.bf16: this CPU has no bfloat16 kernels; set learner.bf16=false (float32)")
         ds_bf16 = self.bf16 and device == "cuda" and lc.zero_stage >= 1  # DeepSpeed keeps the float32 master
@@ -106,6 +107,7 @@ class Trainer:
         self.tis_cap = tis_cap(cfg, self.bf16)
         self._ds = init_distributed(cfg.model)
         self.zero_stage = lc.zero_stage
+        self.share_prefix = lc.share_prefix and not lc.gradient_checkpointing  # HF caches nothing when checkpointing
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
         self.pad_id = int(self.tokenizer.pad_token_id)
 
@@ -166,7 +168,8 @@ class Trainer:
             return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
 
         # per token sums: loss, tokens, clipped, kl, entropy, |mismatch|, tis weight; then trained (real) tokens
-        sums = torch.zeros(8, dtype=torch.float64)
+        # and the tokens the forward ran (a shared prefix once per micro-batch)
+        sums = torch.zeros(9, dtype=torch.float64)
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
         mismatch_max, probe = 0.0, None
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
@@ -194,13 +197,13 @@ class Trainer:
                 ent = float((entropy * mb.loss_mask).sum())
                 sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent,
                                       st["mismatch_abs_mean"] * n, st.get("tis_mean", 1.0) * n,
-                                      float(mb.attention_mask.sum())])
+                                      float(mb.attention_mask.sum()), float(computed_tokens(mb))])
                 mismatch_max = max(mismatch_max, st["mismatch_abs_max"])
         lr = self.lr
         t0 = time.perf_counter()
         grad_norm = self._optimizer_step()
         clock["optimizer"] = time.perf_counter() - t0
-        loss_sum, tokens, clipped, kl, ent, gap, tis, trained = self._all_reduce(sums).tolist()
+        loss_sum, tokens, clipped, kl, ent, gap, tis, trained, computed = self._all_reduce(sums).tolist()
         seconds = time.perf_counter() - start
         peak = gemm_peak_flops(self._peak_dtype, self.device.type)  # after the step, in the step's conditions
         out = {
@@ -213,14 +216,15 @@ class Trainer:
             "lr": lr,
             "tokens": tokens,
             "trained_tokens": trained,
+            "computed_tokens": computed,
             "turns": float(len(rows)),
             "policy_version": float(self.policy_version),
             "mismatch_abs_mean": gap / tokens,
             "mismatch_abs_max": mismatch_max,
             "tis_mean": tis / tokens,
             **{f"{part}_seconds": value for part, value in clock.items()},
-            # per rank: each rank trains its share of the tokens on its own device
-            "mfu": model_flop_utilisation(self.num_params, trained / world_size(), seconds, peak),
+            # per rank: each rank runs its share of the tokens on its own device (a shared prefix once)
+            "mfu": model_flop_utilisation(self.num_params, computed / world_size(), seconds, peak),
             "gemm_peak_tflops": peak / 1e12,
             "seconds": seconds,
         }
@@ -283,7 +287,7 @@ class Trainer:
         """
         r, world = rank(), world_size()
         rows = sorted(rows, key=lambda row: len(row.input_ids))
-        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id)]
+        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id, self.share_prefix)]
         missing = math.ceil(len(rows[0::world]) / size) - len(batches)  # rank 0 holds the most rows
         if missing:
             filler = make_micro_batches([dataclasses.replace(rows[0], weight=0.0)], 1, self.pad_id)[0]

@@ -24,6 +24,7 @@ import torch
 
 from ziprl.config import SamplingConfig
 from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
+from ziprl.policy.kv import cache_kwarg, output_cache
 from ziprl.policy.models import load_model, load_tokenizer
 
 
@@ -89,7 +90,7 @@ class HFEngine(GenerationEngine):
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, next_pos = out.past_key_values, positions[:, -1] + 1
+        cache, next_pos = output_cache(out), positions[:, -1] + 1
 
         rows = list(range(len(prompts)))  # prompt index of each row still in the batch
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -119,7 +120,7 @@ class HFEngine(GenerationEngine):
                 rows = [rows[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **{cache_kwarg(self.model): cache})
             next_pos = next_pos + 1
 
         results = []
