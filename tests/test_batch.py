@@ -288,14 +288,16 @@ def test_a_loss_mask_shifted_against_the_responses_is_refused(shift):
 def test_shared_prefix_layout_and_length():
     """The rows' common leading tokens fill columns 0..S-1 of every row, then the padding; S leaves every row one
     prompt token of its own, and one row shares nothing."""
-    from ziprl.learner.batch import collate, computed_tokens, shared_prefix_len
+    from ziprl.learner.batch import collate, computed_tokens
+    from ziprl.policy.kv import shared_prefix_len
 
     a = traj("g", 1.0, [turn([1, 2, 3, 4], [5, 6])])
     b = traj("g", 0.0, [turn([1, 2, 3, 9, 9, 9], [7])])
     rows = build_rows([a, b], [[1.0], [-1.0]], "trajectory")
-    assert shared_prefix_len(rows) == 3 and shared_prefix_len(rows[:1]) == 0
+    prompts = [r.input_ids[: r.response_start] for r in rows]
+    assert shared_prefix_len(prompts) == 3 and shared_prefix_len(prompts[:1]) == 0
     same = build_rows([a, a], [[1.0], [1.0]], "trajectory")
-    assert shared_prefix_len(same) == 3  # identical prompts: all but the last prompt token
+    assert shared_prefix_len([r.input_ids[: r.response_start] for r in same]) == 3  # identical: all but the last
     mb = collate(rows, PAD, share_prefix=True)
     assert mb.prefix_len == 3 and mb.response_start == 6
     assert mb.input_ids[0].tolist() == [1, 2, 3, PAD, PAD, 4, 5, 6]

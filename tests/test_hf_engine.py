@@ -170,3 +170,22 @@ def test_load_weights_uses_same_dtype_cpu_arrays_in_place(engine, prompts):
 def test_make_engine_builds_hf_engine(engine):
     built = make_engine(ModelConfig(device="cpu"))
     assert isinstance(built, HFEngine) and built.device.type == "cpu"
+
+
+def test_shared_prefix_prefill_changes_nothing(engine, prompts, monkeypatch):
+    """The prompts' common system prompt is prefilled once for the batch: same greedy tokens, same log-probs."""
+    from ziprl.policy import hf_engine, kv
+
+    shared = []
+    monkeypatch.setattr(hf_engine, "prefix_cache", lambda m, ids, *a: shared.append(ids.shape) or kv.prefix_cache(m, ids, *a))
+    sampling = SamplingConfig(greedy=True, max_new_tokens=16, stop=[])
+    on = engine.generate(prompts, sampling)
+    assert shared and shared[0][1] == kv.shared_prefix_len(prompts) > 10  # the template's system prompt
+    engine.share_prefix = False
+    try:
+        off = engine.generate(prompts, sampling)
+    finally:
+        engine.share_prefix = True
+    assert len(shared) == 1 and [g.token_ids for g in on] == [g.token_ids for g in off]
+    for a, b in zip(on, off, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

@@ -128,3 +128,19 @@ def test_run_sft_raises_the_demos_likelihood(tmp_path, tokenizer, tiny_model_dir
     rows = sft_rows(DEMOS, tokenizer, max_seq_len=512)
     before, after = mean_nll(tiny_model_dir, rows), mean_nll(out, rows)
     assert after < before - 0.5, (before, after)
+
+
+def test_length_grouped_steps_cover_every_row_once_and_pad_little():
+    import numpy as np
+
+    from ziprl.learner.sft import length_grouped_steps
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 1000, size=203).tolist()
+    steps = length_grouped_steps(lengths, 8, np.random.default_rng(1))
+    assert sorted(i for s in steps for i in s) == list(range(203)) and all(1 <= len(s) <= 8 for s in steps)
+    padded = sum(len(s) * max(lengths[i] for i in s) for s in steps)
+    shuffled = np.random.default_rng(1).permutation(203).tolist()
+    plain = sum(len(s) * max(lengths[i] for i in s) for s in (shuffled[k:k + 8] for k in range(0, 203, 8)))
+    assert padded < 0.8 * plain  # grouped rows pad far less than a plain shuffle
+    assert steps != sorted(steps, key=lambda s: lengths[s[0]])  # the steps are not in length order

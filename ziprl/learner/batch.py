@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import entropy_from_logits, token_logprobs, token_weight
-from ziprl.policy.kv import cache_kwarg, prefix_cache
+from ziprl.policy.kv import cache_kwarg, prefix_cache, shared_prefix_len
 
 
 @dataclass
@@ -138,22 +138,10 @@ def build_rows(
     return rows
 
 
-def shared_prefix_len(rows: Sequence[TurnRow]) -> int:
-    """How many leading tokens every row has in common, leaving each row at least one prompt token of its own
-    (its last prompt token's logit scores the first response token); 0 for a single row."""
-    if len(rows) < 2:
-        return 0
-    n = min(r.response_start for r in rows) - 1
-    first = rows[0].input_ids
-    for r in rows[1:]:
-        n = next((i for i, (a, b) in enumerate(zip(first[:n], r.input_ids[:n], strict=True)) if a != b), n)
-    return max(n, 0)
-
-
 def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False) -> MicroBatch:
     """Pad rows into one MicroBatch: prompts on the left, responses on the right, all responses at one column;
     with ``share_prefix`` the rows' common leading tokens first, then the padding."""
-    s = shared_prefix_len(rows) if share_prefix else 0
+    s = shared_prefix_len([r.input_ids[: r.response_start] for r in rows]) if share_prefix else 0
     p = max(r.response_start for r in rows)
     b, t = len(rows), p + max(len(r.input_ids) - r.response_start for r in rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)

@@ -24,7 +24,7 @@ import torch
 
 from ziprl.config import SamplingConfig
 from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
-from ziprl.policy.kv import cache_kwarg, output_cache
+from ziprl.policy.kv import cache_kwarg, output_cache, prefix_cache, shared_prefix_len
 from ziprl.policy.models import load_model, load_tokenizer
 
 
@@ -33,10 +33,12 @@ class HFEngine(GenerationEngine):
 
     Give either ``path`` (a local checkpoint, loaded with ``dtype`` on ``device``; "auto" = CUDA when
     available) or an already loaded ``model`` and ``tokenizer`` (used as they are, on their device).
+    ``share_prefix``: prefill the prompts' common leading tokens once per batch (same tokens and log-probs).
     """
 
     def __init__(self, path: str | Path | None = None, *, model: Any = None, tokenizer: Any = None,
-                 dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False) -> None:
+                 dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False,
+                 share_prefix: bool = True) -> None:
         if model is None:
             if path is None:
                 raise ValueError("HFEngine needs a model path, or a loaded model and tokenizer")
@@ -45,6 +47,7 @@ class HFEngine(GenerationEngine):
         elif tokenizer is None:
             raise ValueError("HFEngine given a model also needs its tokenizer")
         self.model = model.eval()
+        self.share_prefix = share_prefix
         self._tokenizer = tokenizer
         self.device = next(model.parameters()).device
         eos = model.generation_config.eos_token_id
@@ -80,17 +83,7 @@ class HFEngine(GenerationEngine):
         stops = stop_strings(sampling)
         window = max((len(s.encode()) for s in stops), default=0) + 1  # tokens that can hold a stop string
 
-        # Left-padded prefill; position ids count real tokens only, so padding never shifts RoPE.
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, next_pos = output_cache(out), positions[:, -1] + 1
+        out, cache, mask, next_pos = self._prefill(prompts)
 
         rows = list(range(len(prompts)))  # prompt index of each row still in the batch
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -132,6 +125,31 @@ class HFEngine(GenerationEngine):
         self.tokens_generated += sum(len(t) for t in tokens)
         self.generation_seconds += time.perf_counter() - start
         return results
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+        """Forward over the prompts; returns the output (last logits), KV cache, attention mask, next positions.
+
+        Left-padded, position ids counting real tokens only, so padding never shifts RoPE. With ``share_prefix``
+        the leading tokens all prompts share (the system prompt) sit first in every row, the padding after them,
+        and run once for the batch (their keys and values repeated over the rows)."""
+        s = shared_prefix_len(prompts) if self.share_prefix else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, :s], mask[i, :s] = torch.tensor(p[:s], dtype=torch.long), 1
+            ids[i, width - len(p) + s:] = torch.tensor(p[s:], dtype=torch.long)
+            mask[i, width - len(p) + s:] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if s:
+            cache = prefix_cache(self.model, ids[:1, :s], mask[:1, :s], positions[:1, :s], len(prompts))
+            out = self.model(input_ids=ids[:, s:], attention_mask=mask, position_ids=positions[:, s:], use_cache=True,
+                             logits_to_keep=1, **{cache_kwarg(self.model): cache})
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                             logits_to_keep=1)
+        return out, output_cache(out), mask, positions[:, -1] + 1
 
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: torch.Generator) -> torch.Tensor:

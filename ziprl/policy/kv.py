@@ -9,6 +9,7 @@ same tokens (the system prompt of every turn) compute them once; gradients flow 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -42,3 +43,15 @@ def prefix_cache(model: Any, input_ids: Tensor, attention_mask: Tensor, position
                            "caching off in training: set learner.share_prefix=false with it)")
     cache.batch_repeat_interleave(batch)
     return cache
+
+
+def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all ``prompts`` share, leaving each at least one token of its own (its last token's
+    logits are the next prediction); 0 for a single prompt."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if first[i] != p[i]), n)
+    return max(n, 0)
