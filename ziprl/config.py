@@ -208,7 +208,8 @@ class SFTConfig:
 
     lr: float = opt(5e-5, "AdamW learning rate (constant).")
     epochs: int = opt(1, "passes over the demonstration turns.")
-    micro_batch: int = opt(2, "demonstration turns per optimiser step.")
+    micro_batch: int = opt(2, "demonstration turns per optimiser step (forward passes take learner.micro_batch_turns "
+                              "of them at a time).")
     max_seq_len: int = opt(1024, "prompt + response tokens per row; longer prompts lose their oldest tokens, a "
                                  "response longer than this is skipped.")
 

@@ -167,7 +167,7 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path) -> Pa
     with tqdm(total=cfg.sft.epochs * math.ceil(len(rows) / size), desc="sft", disable=rank() != 0) as bar:
         for epoch in range(cfg.sft.epochs):
             for step in length_grouped_steps(lengths, size, rng):
-                stats = trainer.sft_step([rows[i] for i in step], micro_batch_size=size)
+                stats = trainer.sft_step([rows[i] for i in step])  # forward passes of learner.micro_batch_turns rows
                 if writer is not None:
                     for key in ("loss", "grad_norm", "lr", "tokens"):
                         writer.add_scalar(f"sft/{key}", stats[key], trainer.global_step)
