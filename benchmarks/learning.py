@@ -1,7 +1,7 @@
 """Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issue 21, part 2).
 
     python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps 8]
-                                  [--eval-every 4] [--eval-limit 100] [--out runs/learning] [--report-only]
+                                  [--eval-every 4] [--eval-limit 100] [--out runs/learning] [--workers 2]
 
 Questions, all over the pooled corpus (HotpotQA + MuSiQue passages, 6,850):
 - training: HotpotQA train (100) + MuSiQue train (100) + HotpotQA dev-distractor questions 0-199;
@@ -14,6 +14,11 @@ seeds (paired). The Stage-1 model and every ``--eval-every``-th checkpoint are e
 questions (adaptive strategy, one sample each, seeded). Reports after - before and w = 0.2 - w = 0 with 95%
 bootstrap intervals over questions (and over seeds for the paired comparison), per-step training curves, PNGs,
 JSON + markdown under benchmarks/results/. Finished runs and evaluations under ``--out`` are read, not redone.
+
+Work runs in ``--workers`` processes of one torch thread each (a seed's two runs side by side, then the
+evaluations): on 2 cores two one-thread processes get more done than one two-thread process, since batch-8
+decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). Each process's output
+goes to ``<out>/logs/``.
 """
 
 from __future__ import annotations
@@ -90,18 +95,37 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
     return len(ids)
 
 
-def run_rl(config: Path, overrides: list[str], run_dir: Path) -> list[dict]:
-    """Per-step metrics of one RL run (read when it finished earlier under the same directory)."""
-    from ziprl.learner.in_process import train
-    from ziprl.rundir import prepare_run_dir
+def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] | None:
+    """The ``ziprl.train`` command of one RL run, or None when it finished earlier under the same directory."""
+    cfg = load_config(config, overrides)
+    if len(read_metrics(run_dir)) == cfg.learner.steps:
+        return None
+    resume = ["--overwrite"] if (run_dir / ".ziprl-run").is_file() else []  # an interrupted run starts over
+    return [sys.executable, "-m", "ziprl.train", "--config", str(config), "--out", str(run_dir), *resume,
+            *[a for o in overrides for a in ("--set", o)]]
 
-    cfg = load_config(config, overrides + [f"run.out_dir={run_dir}"])
-    done = read_metrics(run_dir)
-    if len(done) == cfg.learner.steps:
-        return done
-    prepare_run_dir(run_dir, resume=False, overwrite=True)  # an interrupted run starts over (a marked run only)
-    train(cfg, progress=True)
-    return read_metrics(run_dir)
+
+def run_parallel(jobs: list[tuple[str, list[str]]], workers: int, logs: Path) -> None:
+    """Run the commands, ``workers`` at a time, each with one torch thread; raise if any fails."""
+    import subprocess
+
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    logs.mkdir(parents=True, exist_ok=True)
+    pending, running, failed = list(jobs), [], []
+    while pending or running:
+        while pending and len(running) < workers:
+            name, cmd = pending.pop(0)
+            log(f"start {name} (log: {logs / name}.log)")
+            with open(logs / f"{name}.log", "w") as out:
+                running.append((name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)))
+        time.sleep(2)
+        for name, proc in [r for r in running if r[1].poll() is not None]:
+            running.remove((name, proc))
+            log(f"{name} finished (exit {proc.returncode})")
+            if proc.returncode:
+                failed.append(name)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}; see {logs}")
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -123,14 +147,12 @@ def checkpoint_model(run_dir: Path, step: int, base: Path) -> Path:
 
 
 def evaluate(config: Path, model: Path, held_out: Path, corpus: Path, cache: Path) -> dict:
-    """Held-out evaluation of one model (adaptive strategy, one seeded sample per question), cached as JSON."""
+    """Held-out evaluation of one model (adaptive strategy, one seeded sample per question), written to ``cache``."""
     from ziprl.env.stats import trajectory_stats
     from ziprl.evaluation.harness import load_eval_setup, run_strategy
 
-    if cache.is_file():
-        return json.loads(cache.read_text())
     cfg = load_config(config, [f"model.path={model}", f"data.dataset={held_out}", f"retriever.corpus={corpus}",
-                               "rollout.group_size=1", "data.seed=0"])
+                               "rollout.group_size=1", "data.seed=0", "model.num_threads=1"])
     log(f"evaluating {model} on {held_out.name}")
     stats, trajs = run_strategy(cfg, "adaptive", load_eval_setup(cfg), progress=True)
     result = {"model": str(model), "stats": stats,
@@ -140,6 +162,11 @@ def evaluate(config: Path, model: Path, held_out: Path, corpus: Path, cache: Pat
     log(f"  F1 {stats['f1']:.3f} EM {stats['em']:.3f} format errors/turn {stats['format_error_rate']:.3f} "
         f"({stats['seconds']:.0f} s)")
     return result
+
+
+def eval_command(config: Path, model: Path, held_out: Path, corpus: Path, cache: Path) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--config", str(config), "--eval-one", str(model),
+            str(held_out), str(corpus), str(cache)]
 
 
 # ------------------------------------------------------------------ statistics
@@ -252,9 +279,14 @@ def main() -> None:
     ap.add_argument("--eval-limit", type=int, default=len(HELD_OUT), help="the first N held-out questions only")
     ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
     ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
+    ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
+    ap.add_argument("--eval-one", nargs=4, metavar=("MODEL", "HELD_OUT", "CORPUS", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     config, out, seeds = Path(args.config), Path(args.out), [int(s) for s in args.seeds.split(",")]
+    if args.eval_one:
+        evaluate(config, *map(Path, args.eval_one))
+        return
     t0 = time.perf_counter()
     model = Path(args.stage1_model) if args.stage1_model else stage1(config, [])
     log(f"Stage-1 model: {model}")
@@ -266,30 +298,40 @@ def main() -> None:
     eval_steps = [0, *range(args.eval_every, steps + 1, args.eval_every)]
     if eval_steps[-1] != steps:
         eval_steps.append(steps)
-    evals = {"stage1": evaluate(config, model, held_path, corpus, out / "eval" / "stage1.json")}
-    runs: dict[str, list[dict]] = {}
-    for seed in seeds:  # seed-major: each seed's pair finishes together
-        for w in WEIGHTS:
-            name = f"w{w:g}_seed{seed}"
-            run_dir = out / name
-            runs[name] = run_rl(config, [f"data.dataset={train_path}", f"retriever.corpus={corpus}",
-                                         f"learner.hrr_weight={w}", f"learner.seed={seed}", f"data.seed={seed}",
-                                         f"learner.steps={steps}", f"run.sft_checkpoint={model}",
-                                         f"run.checkpoint_every={args.eval_every}", "run.keep_checkpoints=0"], run_dir)
-            log(f"{name}: {steps} steps, reward {[round(m['rollout/reward'], 2) for m in runs[name]]}")
-            log_eval_tb(run_dir, 0, evals["stage1"]["stats"])
-            for k in eval_steps[1:]:
-                res = evaluate(config, checkpoint_model(run_dir, k, model), held_path, corpus,
-                               out / "eval" / f"{name}_step{k}.json")
-                evals[f"{name}_step{k}"] = res
-                log_eval_tb(run_dir, k, res["stats"])
+    names = [f"w{w:g}_seed{seed}" for seed in seeds for w in WEIGHTS]  # seed-major: each seed's pair side by side
+    jobs = []
+    for name in names:
+        w, seed = float(name[1:name.index("_")]), int(name.rsplit("seed", 1)[1])
+        overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
+                     f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
+                     f"run.sft_checkpoint={model}", f"run.checkpoint_every={args.eval_every}",
+                     "run.keep_checkpoints=0", "model.num_threads=1"]
+        if (cmd := rl_command(config, overrides, out / name)) is not None:
+            jobs.append((name, cmd))
+    run_parallel(jobs, args.workers, out / "logs")
+    runs = {name: read_metrics(out / name) for name in names}
+    for name in names:
+        log(f"{name}: {steps} steps, reward {[round(m['rollout/reward'], 2) for m in runs[name]]}")
+    targets = {"stage1": model} | {f"{n}_step{k}": checkpoint_model(out / n, k, model) for n in names
+                                   for k in eval_steps[1:]}
+    cache = {key: out / "eval" / f"{key}.json" for key in targets}
+    run_parallel([(f"eval_{key}", eval_command(config, m, held_path, corpus, cache[key]))
+                  for key, m in targets.items() if not cache[key].is_file()], args.workers, out / "logs")
+    evals = {key: json.loads(path.read_text()) for key, path in cache.items()}
+    for name in names:
+        log_eval_tb(out / name, 0, evals["stage1"]["stats"])
+        for k in eval_steps[1:]:
+            log_eval_tb(out / name, k, evals[f"{name}_step{k}"]["stats"])
     meta = {"config": str(config.relative_to(REPO) if config.is_relative_to(REPO) else config), "seeds": seeds,
             "steps": steps, "eval_steps": eval_steps, "stage1_model": f"<ZIPRL_CACHE>/stage1/{model.parent.name}/model",
-            "demo_questions": demo_questions, "questions_held_out": args.eval_limit,
+            "demo_questions": demo_questions, "questions_held_out": args.eval_limit, "workers": args.workers,
             "settings": load_config(config, []).to_dict(), "seconds": time.perf_counter() - t0}
     counts = model.parent / "demos_counts.json"
     if counts.is_file():
         meta["demos"] = json.loads(counts.read_text())
+    for extra in ("sft_seconds.json",):
+        if (model.parent / extra).is_file():
+            meta["stage1_sft_seconds"] = json.loads((model.parent / extra).read_text())["seconds"]
     report(evals, runs, meta)
     log(f"done in {meta['seconds'] / 60:.1f} min")
 
