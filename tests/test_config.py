@@ -2,7 +2,7 @@ import pytest
 
 from tests.conftest import REPO
 from ziprl.config import ConfigError, ZipRLConfig, load_config
-from ziprl.env.types import QAExample
+from ziprl.retrieval.types import QAExample
 from ziprl.stream import QuestionStream
 
 

@@ -15,12 +15,12 @@ import pytest
 from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
-from ziprl.env.noise import inject_noise
 from ziprl.env.protocol import HIT_MARK
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.trajectory import LEGACY_SCHEMAS, Trajectory, Turn, load_trajectories, save_trajectories
-from ziprl.env.types import Hit, Passage, QAExample
 from ziprl.evaluation.noise import injected_fraction, parse_noise_levels
+from ziprl.retrieval.noise import inject_noise
+from ziprl.retrieval.types import Hit, Passage, QAExample
 
 FILLER = [Passage(f"f{i}", f"Filler {i}", f"Filler passage number {i} about topic {i % 7}.") for i in range(60)]
 EXAMPLES = [QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"],
@@ -146,7 +146,7 @@ def test_trajectory_noise_fields_round_trip_and_old_files_load(tmp_path):
 @pytest.mark.slow
 def test_real_retriever_hit_at_renders_like_search():
     from ziprl.config import RetrieverConfig
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.retriever import Retriever
 
     r = Retriever.from_config(RetrieverConfig())
     hit = r.search(["Paris"], 1)[0][0]
@@ -159,9 +159,9 @@ def test_real_retriever_hit_at_renders_like_search():
 def test_rollout_records_noise_and_eval_sweep_writes_curve(tiny_model_dir, tmp_path):
     from ziprl.cli.eval import main
     from ziprl.config import RetrieverConfig, SamplingConfig
-    from ziprl.env.retriever import Retriever
     from ziprl.policy import HFEngine
     from ziprl.policy.rollout import rollout
+    from ziprl.retrieval.retriever import Retriever
 
     class SearchingEngine(HFEngine):
         """The tiny model's real generations, with the text replaced by one search (so every turn retrieves)."""

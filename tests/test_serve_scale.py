@@ -17,9 +17,9 @@ from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 from ziprl.actors.serve_retriever import RetrieverUnavailable, ServeRetrieverClient, deploy_retriever  # noqa: E402
 from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
-from ziprl.env.corpus import load_corpus, write_corpus  # noqa: E402
-from ziprl.env.datasets import corpus_for  # noqa: E402
-from ziprl.env.retriever import Encoder, Retriever, build_index  # noqa: E402
+from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
+from ziprl.retrieval.datasets import corpus_for  # noqa: E402
+from ziprl.retrieval.retriever import Encoder, Retriever, build_index  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N_DOCS = 40

@@ -45,9 +45,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ziprl.config import HTTP_TOKEN_ENV, LOOPBACK, ConfigError, RayConfig, RetrieverConfig, from_dict
-from ziprl.env.index_files import read_manifest
-from ziprl.env.retriever import Retriever, RetrieverError, UnknownDocument, merge_hits
-from ziprl.env.types import Hit, Passage
+from ziprl.retrieval.index_files import read_manifest
+from ziprl.retrieval.retriever import Retriever, RetrieverError, UnknownDocument, merge_hits
+from ziprl.retrieval.types import Hit, Passage
 
 # worth retrying: a full queue, a replica that died or is being replaced, a call that ran out of time
 RETRYABLE = (BackPressureError, DeploymentUnavailableError, RayActorError, ActorDiedError, ActorUnavailableError,

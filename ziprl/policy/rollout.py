@@ -10,8 +10,8 @@ from tqdm import tqdm
 from ziprl.config import ConfigError, SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.env.types import QAExample
 from ziprl.policy.engine import GenerationEngine
+from ziprl.retrieval.types import QAExample
 
 
 def rollout(

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from ziprl.env.types import Hit, RetrieverLike
+from ziprl.retrieval.types import Hit, RetrieverLike
 
 
 def noise_rng(seed_seq: np.random.SeedSequence) -> np.random.Generator:
@@ -24,7 +24,7 @@ def check_noise_retriever(retriever: RetrieverLike) -> None:
     missing = [m for m in ("num_passages", "hit_at") if not callable(getattr(retriever, m, None))]
     if missing:
         raise ValueError(f"env.retrieval_noise > 0 needs a retriever with num_passages() and hit_at(row) "
-                         f"(see ziprl.env.types.RetrieverLike); {type(retriever).__name__} lacks {', '.join(missing)}: "
+                         f"(see ziprl.retrieval.types.RetrieverLike); {type(retriever).__name__} lacks {', '.join(missing)}: "
                          "add them or set env.retrieval_noise=0")
 
 

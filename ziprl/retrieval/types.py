@@ -1,4 +1,5 @@
-"""Plain data types shared by the env, the retriever and the datasets (no torch, no ray)."""
+"""Plain data types of the retrieval layer (passages, hits, QA examples) and the ``RetrieverLike`` protocol the env
+searches through; here so that retrieval and the env (which imports retrieval) share them. No torch, no ray."""
 
 from __future__ import annotations
 
