@@ -151,7 +151,7 @@ def test_open_and_unknown_id(client, local, passages):
 
 
 def test_random_access_for_retrieval_noise(client, local, passages):
-    assert client.num_passages() == local.num_passages() == len(passages)
+    assert len(client) == len(local) == len(passages)
     assert [client.hit_at(r) for r in (0, 7, len(passages) - 1)] == [local.hit_at(r) for r in (0, 7, len(passages) - 1)]
 
 
@@ -175,7 +175,7 @@ def test_health_check(client):
 
 def test_health_check_fails_on_empty_index():
     replica = RetrieverDeployment.func_or_class.__new__(RetrieverDeployment.func_or_class)
-    replica._retriever = SimpleNamespace(num_docs=0)
+    replica._retriever = SimpleNamespace(manifest={"count": 0})
     with pytest.raises(RuntimeError, match="empty"):
         asyncio.run(replica.check_health())
 

@@ -408,11 +408,11 @@ def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
     return out
 
 
-def check_top_k(env: EnvConfig, num_docs: int) -> None:
+def check_top_k(env: EnvConfig, passages: int) -> None:
     """ConfigError when ``env.top_k`` exceeds the corpus size (every search would be a tool error)."""
-    if env.top_k > num_docs:
-        raise ConfigError(f"env.top_k={env.top_k} is more than the corpus's {num_docs} passages; "
-                          f"set env.top_k <= {num_docs}")
+    if env.top_k > passages:
+        raise ConfigError(f"env.top_k={env.top_k} is more than the corpus's {passages} passages; "
+                          f"set env.top_k <= {passages}")
 
 
 def _kind(value: Any) -> str:

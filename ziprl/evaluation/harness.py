@@ -39,7 +39,7 @@ def load_eval_setup(cfg: ZipRLConfig) -> tuple[list, Any, Any]:
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
-    check_top_k(cfg.env, retriever.num_docs)
+    check_top_k(cfg.env, len(retriever))
     return examples, retriever, make_engine(cfg.model)
 
 

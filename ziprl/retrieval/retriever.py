@@ -194,13 +194,9 @@ class Retriever:
         return cls.load(out, encoder, cfg.snippet_chars, shards=shards, **search)
 
     def __len__(self) -> int:
-        """Passages in the loaded shards."""
+        """Passages this retriever returns: those of its loaded shards, numbered in shard order for :meth:`hit_at`
+        (the whole index unless :meth:`load` was given ``shards``)."""
         return sum(len(s.store) for s in self.shards)
-
-    @property
-    def num_docs(self) -> int:
-        """Passages in the whole index (all shards, loaded or not)."""
-        return self._total
 
     def _check_k(self, k: int) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self._total:
@@ -263,12 +259,8 @@ class Retriever:
 
     # ------------------------------------------------ random access (env.retrieval_noise draws rows)
 
-    def num_passages(self) -> int:
-        """Passages :meth:`hit_at` reaches: those of the loaded shards, numbered in shard order."""
-        return len(self)
-
     def hit_at(self, row: int) -> Hit:
-        """Passage ``row`` (of :meth:`num_passages`) rendered as a search hit (score 0)."""
+        """Passage ``row`` (0..len(self)-1) rendered as a search hit (score 0)."""
         for shard in self.shards:
             if 0 <= row < len(shard.store):
                 return self._hit(shard.store, row, 0.0)

@@ -46,6 +46,6 @@ class RetrieverLike(Protocol):
 
     def open(self, doc_id: str) -> Passage: ...
 
-    def num_passages(self) -> int: ...  # corpus size (for env.retrieval_noise)
+    def __len__(self) -> int: ...  # corpus size (env.retrieval_noise; a known size is checked against env.top_k)
 
-    def hit_at(self, row: int) -> Hit: ...  # passage ``row`` (0..num_passages-1) rendered as search renders it
+    def hit_at(self, row: int) -> Hit: ...  # passage ``row`` (0..len-1) rendered as search renders it
