@@ -11,8 +11,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ziprl"
 RAY_COMMANDS = {"ziprl/cli/launch.py"}  # the commands that may start Ray themselves
 # `python -m ziprl.<command>`: the stable entry points, each a 3-line module calling ziprl.cli.<module>.main
-ENTRY_POINTS = {"ziprl/demo.py", "ziprl/demos.py", "ziprl/eval.py", "ziprl/index.py", "ziprl/launch.py",
-                "ziprl/sft.py", "ziprl/train.py", "ziprl/view/__main__.py"}
+ENTRY_POINTS = {"ziprl/demos.py", "ziprl/eval.py", "ziprl/index.py", "ziprl/launch.py",
+                "ziprl/sft.py", "ziprl/train.py", "ziprl/view/__main__.py", "ziprl/watch_teacher.py"}
 
 
 def imports() -> dict[str, set[str]]:

@@ -1,6 +1,6 @@
 """Watch the scripted teacher: play its episodes through SearchCompressEnv on the shipped sample, print each turn.
 
-    python -m ziprl.demo [--episodes 2] [--strategy adaptive] [--level-scale 0.5]
+    python -m ziprl.watch_teacher [--episodes 2] [--strategy adaptive] [--level-scale 0.5]
 """
 
 from __future__ import annotations
