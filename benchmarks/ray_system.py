@@ -131,7 +131,7 @@ def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str,
     cost moved from the push into the next generation shows."""
     import torch
 
-    from ziprl.actors.weights import unique_named_tensors
+    from ziprl.actors.weight_buckets import unique_named_tensors
 
     cfg = ZipRLConfig()
     cfg.weights.transport = transport

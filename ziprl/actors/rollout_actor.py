@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from ziprl.actors.weight_buckets import WeightRef
 from ziprl.actors.weight_sync import ReceivesWeights, WeightReceiver
-from ziprl.actors.weights import WeightRef
 from ziprl.config import ZipRLConfig, from_dict
 from ziprl.env.trajectory import to_table
 from ziprl.retrieval.types import QAExample

@@ -2,7 +2,7 @@
 
 The driver uses one :class:`WeightSync` (:func:`make_weight_sync`) and calls ``push(version)`` after each
 learner step, ``rejoin(i, actor)`` when Ray restarted rollout actor ``i``, ``close()`` at the end. Both
-transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod:`ziprl.actors.weights`).
+transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod:`ziprl.actors.weight_buckets`).
 
 - ``object_store``: learner rank 0 ``ray.put`` s each bucket (a numpy uint8 buffer: numpy, not torch tensors,
   which the object store pickles ~4x slower) and every actor is sent the same :class:`WeightRef`. Actors on
@@ -51,7 +51,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayError
 
-from ziprl.actors.weights import (
+from ziprl.actors.weight_buckets import (
     Bucket,
     TensorMeta,
     WeightRef,
