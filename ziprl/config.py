@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.registry import ENGINES, REWARDS, STRATEGIES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

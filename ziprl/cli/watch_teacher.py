@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from ziprl.boundary import run_command
 from ziprl.config import STRATEGIES, ConfigError, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
-from ziprl.errors import run_command
 
 
 @run_command

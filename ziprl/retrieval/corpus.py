@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.paths import atomic_write_bytes
 from ziprl.retrieval.types import Passage
 

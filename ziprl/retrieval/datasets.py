@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ziprl.boundary import UserError
 from ziprl.config import RetrieverConfig, ZipRLConfig
-from ziprl.errors import UserError
 from ziprl.paths import cache_root
 from ziprl.retrieval.corpus import write_corpus
 from ziprl.retrieval.types import Passage, QAExample

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.retrieval.passage_store import STORE_FILES
 
 INDEX_FILE, MANIFEST_FILE, VECTORS_FILE = "index.faiss", "manifest.json", "vectors.npy"
