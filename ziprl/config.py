@@ -251,6 +251,9 @@ class RayConfig:
     auth_token: bool = opt(True, "Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled.")
 
 
+TRANSPORTS = ("object_store", "collective")  # weights.transport: ziprl/actors/weight_sync.py implements each
+
+
 @dataclass
 class WeightsConfig:
     """Learner -> rollout-actor weight pushes (ziprl/actors/weight_sync.py)."""
@@ -372,8 +375,8 @@ class ZipRLConfig:
              "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
-            (self.weights.transport in ("object_store", "collective"),
-             f"weights.transport must be 'object_store' or 'collective', got {self.weights.transport!r}"),
+            (self.weights.transport in TRANSPORTS,
+             f"weights.transport must be {' or '.join(map(repr, TRANSPORTS))}, got {self.weights.transport!r}"),
             (self.weights.bucket_mb > 0, f"weights.bucket_mb must be > 0, got {self.weights.bucket_mb}"),
             (self.weights.rendezvous_timeout_s > 0, "weights.rendezvous_timeout_s must be > 0"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),

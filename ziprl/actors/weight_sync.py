@@ -63,9 +63,6 @@ from ziprl.actors.weight_buckets import (
 from ziprl.config import ZipRLConfig
 from ziprl.registry import ENGINES
 
-TRANSPORTS = ("object_store", "collective")
-
-
 # ----------------------------------------------------------------------------- the group (any process)
 
 
@@ -237,10 +234,6 @@ class ReceivesWeights:
     def leave_weight_group(self) -> None:
         self.weights.member = None
 
-    def weights_version(self) -> int:
-        """The version the engine generates with."""
-        return self.weights.engine.version
-
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
 
@@ -409,12 +402,10 @@ class CollectiveSync(WeightSync):
 
     def __init__(self, cfg: ZipRLConfig, learner: Any, actors: list[Any]):
         super().__init__(cfg, learner, actors)
-        self.generation = 0
         self.form()
 
     def form(self) -> None:
         """Form a new group (a fresh rendezvous): learner rank 0 is rank 0, actor i is rank i + 1."""
-        self.generation += 1
         ips = [ray.get(self.learner.actors[0].node_ip.remote()), *[self._alive_ip(a) for a in self.actors]]
         loopback = len(set(ips)) == 1
         addr = "127.0.0.1" if loopback else ips[0]
