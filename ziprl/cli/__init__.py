@@ -6,7 +6,7 @@ library code) or as ``python -m ziprl.cli.<module>``:
 | entry point | module | what it does |
 |---|---|---|
 | ``python -m ziprl.launch`` | :mod:`ziprl.cli.launch` | train on Ray: Stage 1 (demos + SFT), then GRPO + HRR |
-| ``python -m ziprl.train`` | :mod:`ziprl.cli.train` | the same training loop in one process (no Ray) |
+| ``python -m ziprl.train`` | :mod:`ziprl.cli.train` | Stage 2 only (no Stage 1), the same training loop in one process (no Ray) |
 | ``python -m ziprl.eval`` | :mod:`ziprl.cli.eval` | compare context strategies; ``--noise`` runs the noisy-retrieval sweep |
 | ``python -m ziprl.index`` | :mod:`ziprl.cli.index` | build, adopt and query FAISS indexes |
 | ``python -m ziprl.demos`` | :mod:`ziprl.cli.demos` | write scripted-teacher demonstrations for cold-start SFT |

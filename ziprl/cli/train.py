@@ -4,7 +4,8 @@
                           [--sft-checkpoint DIR] [--set section.field=value ...]
 
 For debugging and small runs (the library is :mod:`ziprl.learner.in_process`); ``python -m ziprl.launch`` runs
-the same loop (``ziprl.learner.loop``) with Ray rollout actors. Each step writes its trajectories (Parquet), TensorBoard scalars and, every
+the same loop (``ziprl.learner.loop``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
+(``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). Each step writes its trajectories (Parquet), TensorBoard scalars and, every
 ``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
 """
 

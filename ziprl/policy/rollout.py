@@ -25,7 +25,8 @@ def rollout(
     max_prompt_tokens: int | None = None,
     progress: bool = False,
 ) -> list[Trajectory]:
-    """Play ``group_size`` episodes per example; returns trajectories grouped by example (GRPO groups).
+    """Play ``group_size`` episodes per example; returns one flat list, example by example (``group_size``
+    consecutive trajectories per example, sharing a ``group_id``; :func:`rollout_groups` splits it into groups).
 
     Every turn, the prompts of all live episodes are generated together (in chunks of ``max_batch``).
     An episode whose prompt exceeds ``max_prompt_tokens`` ends unfinished (context overflow).
