@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from ziprl.env.datasets import context_paragraphs, load_dataset, shared_file  # noqa: E402
 from ziprl.env.scripted import rank_sentences, relevance_level, select_sentences  # noqa: E402
+from ziprl.retrieval.datasets import context_paragraphs, load_dataset, shared_file  # noqa: E402
 from ziprl.scoring import level_spec, normalize_answer  # noqa: E402
 from ziprl.scoring.allocation import (  # noqa: E402
     answer_present,

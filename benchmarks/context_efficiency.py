@@ -22,10 +22,10 @@ from _common import RESULTS, write_results  # noqa: E402
 
 from ziprl.config import EnvConfig, ModelConfig, RetrieverConfig, SamplingConfig  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
-from ziprl.env.datasets import load_dataset  # noqa: E402
-from ziprl.env.retriever import Retriever  # noqa: E402
 from ziprl.env.scripted import ScriptedTeacher, extractive_note, relevance_level  # noqa: E402
 from ziprl.plots import plot_tokens_per_turn, tokens_per_turn  # noqa: E402
+from ziprl.retrieval.datasets import load_dataset  # noqa: E402
+from ziprl.retrieval.retriever import Retriever  # noqa: E402
 from ziprl.scoring import level_spec  # noqa: E402
 
 

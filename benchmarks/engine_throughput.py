@@ -88,9 +88,9 @@ def measure_env_share(engine: HFEngine, questions: int, turns: int) -> dict:
 
     from ziprl.config import EnvConfig, RetrieverConfig
     from ziprl.env import SearchCompressEnv
-    from ziprl.env.datasets import load_dataset
-    from ziprl.env.retriever import Retriever
     from ziprl.policy.rollout import rollout
+    from ziprl.retrieval.datasets import load_dataset
+    from ziprl.retrieval.retriever import Retriever
 
     spent = {"env": 0.0}
 

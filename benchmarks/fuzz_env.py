@@ -25,7 +25,7 @@ from benchmarks._common import write_results  # noqa: E402
 from tests.fuzz_strategies import turns  # noqa: E402
 from ziprl.config import STRATEGIES, EnvConfig, RetrieverConfig  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
-from ziprl.env.types import QAExample  # noqa: E402
+from ziprl.retrieval.types import QAExample  # noqa: E402
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
 
@@ -40,7 +40,7 @@ def main() -> None:
 
         retriever = WordRetriever(PASSAGES)
     else:
-        from ziprl.env.retriever import Retriever
+        from ziprl.retrieval.retriever import Retriever
 
         retriever = Retriever.from_config(RetrieverConfig())
     envs = {s: SearchCompressEnv(EnvConfig(strategy=s, max_turns=6), retriever=retriever, examples=[EX])

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 
-from ziprl.env.corpus import load_corpus, write_corpus  # noqa: E402
-from ziprl.env.datasets import corpus_for  # noqa: E402
-from ziprl.env.retriever import Encoder, build_index, passage_text  # noqa: E402
+from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
+from ziprl.retrieval.datasets import corpus_for  # noqa: E402
+from ziprl.retrieval.retriever import Encoder, build_index, passage_text  # noqa: E402
 
 GOAL = 0.9
 

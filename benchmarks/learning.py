@@ -67,7 +67,7 @@ def stage1(config: Path, overrides: list[str]) -> Path:
 
 def split_questions(out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
     """Training and held-out question files under ``out`` (unified JSONL), and the pooled corpus they search."""
-    from ziprl.env.datasets import corpus_for, load_dataset, write_qa_jsonl
+    from ziprl.retrieval.datasets import corpus_for, load_dataset, write_qa_jsonl
 
     pooled = load_dataset("pooled")
     dev = [ex for ex in pooled if ex.source == "hotpotqa-dev-distractor"]
@@ -83,7 +83,7 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
     """Number of demonstration episodes; raises if any was played on a held-out question."""
     import pyarrow.parquet as pq
 
-    from ziprl.env.datasets import load_qa_jsonl
+    from ziprl.retrieval.datasets import load_qa_jsonl
 
     demos = model.parent / "demos.parquet"
     if not demos.is_file():  # a Stage-1 model given by --stage1-model: its demonstrations are not known

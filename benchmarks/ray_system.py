@@ -75,7 +75,7 @@ def retrieval_throughput(retriever_cfg: RetrieverConfig, cpus: float, total: int
     """
     from ray import serve
 
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.retriever import Retriever
 
     local = Retriever.from_config(retriever_cfg)
     ray_cfg = RayConfig(retriever_replicas=1, retriever_cpus=cpus, retriever_max_batch=max(BATCHES))
@@ -131,7 +131,7 @@ def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str,
     cost moved from the push into the next generation shows."""
     import torch
 
-    from ziprl.actors.weights import unique_named_tensors
+    from ziprl.actors.weight_buckets import unique_named_tensors
 
     cfg = ZipRLConfig()
     cfg.weights.transport = transport
@@ -162,8 +162,8 @@ def rollout_throughput(actors: int, batches: int = 3) -> dict:
     from ziprl.actors.rollout_actor import RolloutActor, example_dicts
     from ziprl.actors.serve_retriever import deploy_retriever
     from ziprl.config import load_config
-    from ziprl.env.datasets import load_dataset
     from ziprl.policy import resolve_model_path
+    from ziprl.retrieval.datasets import load_dataset
 
     cfg: ZipRLConfig = load_config(None, ["env.max_turns=3", "sampling.max_new_tokens=48", "rollout.group_size=2",
                                           "ray.retriever_cpus=0.2"])

@@ -15,7 +15,7 @@ Data (written once under --work, default ~/.cache/ziprl/bench/retrieval_scale-<n
 - queries: the shipped sample's questions encoded with MiniLM (real queries; the corpus holds their
   real supporting passages) and 500 held-out synthetic points from the same mixture.
 
-Each index is built by ``ziprl.env.index_build.build_index`` from the corpus and the .npy (the
+Each index is built by ``ziprl.retrieval.index_build.build_index`` from the corpus and the .npy (the
 library's path: streamed chunks, training on a sample) in a subprocess whose peak RSS is the build
 memory; each is then searched in a fresh subprocess through ``Retriever.search_embeddings`` (FAISS
 search + hits read from the memory-mapped passage store): recall@10 against exact search, queries/s
@@ -77,9 +77,9 @@ def make_data(work: Path, n: int, n_queries: int = 500, seed: int = 0) -> dict:
         return json.loads(done.read_text())
     import faiss
 
-    from ziprl.env.corpus import load_corpus
-    from ziprl.env.datasets import SAMPLE_DIR, corpus_for
-    from ziprl.env.encoder import Encoder
+    from ziprl.retrieval.corpus import load_corpus
+    from ziprl.retrieval.datasets import SAMPLE_DIR, corpus_for
+    from ziprl.retrieval.encoder import Encoder
 
     work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -145,8 +145,8 @@ def exact_topk(work: Path, queries: np.ndarray, k: int = K) -> np.ndarray:
 
 
 def worker_build(work: Path, name: str, factory: str, shards: int, train_size: int, store_vectors: bool) -> dict:
-    from ziprl.env.encoder import Encoder
-    from ziprl.env.index_build import build_index
+    from ziprl.retrieval.encoder import Encoder
+    from ziprl.retrieval.index_build import build_index
 
     class Dim384(Encoder):  # the query encoder's identity without loading it (its dim is known: 384)
         dim = DIM
@@ -161,7 +161,7 @@ def worker_build(work: Path, name: str, factory: str, shards: int, train_size: i
 def worker_search(work: Path, name: str, shards: int, nprobe: int, k_factor: int) -> dict:
     import faiss
 
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.retriever import Retriever
 
     faiss.omp_set_num_threads(1)  # one search thread: comparable on a shared box (a replica per core)
     queries = {s: np.load(work / f"queries_{s}.npy") for s in ("real", "synthetic")}

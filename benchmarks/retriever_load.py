@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from ziprl.actors.serve_retriever import RetrieverUnavailable, ServeRetrieverClient, deploy_retriever
     from ziprl.config import RayConfig, RetrieverConfig
-    from ziprl.env.corpus import load_corpus
-    from ziprl.env.datasets import corpus_for
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.corpus import load_corpus
+    from ziprl.retrieval.datasets import corpus_for
+    from ziprl.retrieval.retriever import Retriever
 
     passages = load_corpus(corpus_for("sample"))
     rng = np.random.default_rng(0)

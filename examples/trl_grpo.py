@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ziprl.config import ModelConfig, RetrieverConfig, SamplingConfig  # noqa: E402
-from ziprl.env.datasets import load_dataset  # noqa: E402
-from ziprl.env.retriever import Retriever  # noqa: E402
 from ziprl.env.search_env import SearchCompressEnv  # noqa: E402
 from ziprl.integrations.trl import SearchCompressRollout, env_reward, prompt_dataset, q_com_reward  # noqa: E402
 from ziprl.policy.models import load_tokenizer, resolve_model_path  # noqa: E402
+from ziprl.retrieval.datasets import load_dataset  # noqa: E402
+from ziprl.retrieval.retriever import Retriever  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 Picks the first N HotpotQA-train and N MuSiQue-train questions (HippoRAG subsets) with short, non yes/no
 answers, keeps every paragraph of their contexts, and fills the corpus up to --passages with a seeded
 random draw of the other pooled-corpus passages (HotpotQA dev, MuSiQue, wiki18) as distractors.
-Passage ids and texts are those of the pooled corpus (ziprl.env.datasets.pooled_passages).
+Passage ids and texts are those of the pooled corpus (ziprl.retrieval.datasets.pooled_passages).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import random
 import sys
 from pathlib import Path
 
-from ziprl.env.corpus import load_corpus, write_corpus
-from ziprl.env.datasets import (
+from ziprl.retrieval.corpus import load_corpus, write_corpus
+from ziprl.retrieval.datasets import (
     context_paragraphs,
     default_shared_dir,
     load_hotpot_train,
@@ -25,7 +25,7 @@ from ziprl.env.datasets import (
     shared_file,
     write_qa_jsonl,
 )
-from ziprl.env.types import QAExample
+from ziprl.retrieval.types import QAExample
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ the MuSiQue parts are additionally under CC BY 4.0 (attribution above).
   supporting titles = the titles in `supporting_facts`; MuSiQue answers = answer + answer_aliases,
   supporting titles = titles of the `is_supporting` paragraphs. Questions are whitespace-stripped.
 - Passages: HotpotQA sentences joined; the dev distractor file's paragraphs ("<title>. <text>") split
-  into title and text by a heuristic (`ziprl.env.datasets.split_title`); wiki18 `contents` split into
+  into title and text by a heuristic (`ziprl.retrieval.datasets.split_title`); wiki18 `contents` split into
   the quoted title line and the text; all whitespace runs collapsed to one space; passages with the
   same (title, text) de-duplicated; ids derived from the source (`hotpot-train-<n>`,
   `musique-train-<n>`, `hotpot-dev-<question>-<paragraph>`, `wiki18-<id>`).

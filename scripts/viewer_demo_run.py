@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from ziprl.config import ModelConfig, RetrieverConfig
-from ziprl.env.datasets import load_dataset
-from ziprl.env.retriever import Retriever
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.tokenized import encode_messages
 from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
 from ziprl.policy.models import load_tokenizer, resolve_model_path
+from ziprl.retrieval.datasets import load_dataset
+from ziprl.retrieval.retriever import Retriever
 
 
 def play(env, tok, example, wrong: bool, malformed: bool, version: int) -> Trajectory:

@@ -11,14 +11,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from ziprl.env.types import Hit, Passage  # noqa: E402
+from ziprl.retrieval.types import Hit, Passage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 
 class WordRetriever:
-    """A tiny exact retriever for unit tests of the env protocol: ranks passages by shared words."""
+    """A tiny exact retriever for unit tests of the env protocol: ranks passages by shared words.
+
+    It has no size (``__len__``), so the env does not check ``env.top_k`` against its few passages."""
 
     def __init__(self, passages: list[Passage]):
         self.passages = {p.doc_id: p for p in passages}
@@ -35,7 +37,11 @@ class WordRetriever:
     def open(self, doc_id: str) -> Passage:
         return self.passages[doc_id]
 
-    def num_passages(self) -> int:
+
+class SizedWordRetriever(WordRetriever):
+    """A WordRetriever with a size and random access: what env.retrieval_noise needs (and env.top_k is checked)."""
+
+    def __len__(self) -> int:
         return len(self.passages)
 
     def hit_at(self, row: int) -> Hit:

@@ -74,9 +74,9 @@ def gate_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, steps:
 def cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 120, lr: float = 3e-3) -> Path:
     """Stage 1 for the gate: SFT on the four colour answers equally often; returns the model directory."""
     from ziprl.env import SearchCompressEnv
-    from ziprl.env.datasets import load_dataset
     from ziprl.learner.sft import sft_rows
     from ziprl.learner.trainer import Trainer
+    from ziprl.retrieval.datasets import load_dataset
 
     cfg = load_config(None, [f"data.dataset={dataset}", "env.strategy=react", "env.max_turns=1",
                              f"learner.lr={lr}", "learner.beta=0.0", "learner.bf16=false"])
@@ -220,10 +220,10 @@ def hrr_cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 
     uniformly from 1..5 on every turn with the same note, so only the level decides Q_com."""
     from tests.conftest import WordRetriever
     from ziprl.env import SearchCompressEnv
-    from ziprl.env.datasets import load_dataset
-    from ziprl.env.types import Passage
     from ziprl.learner.sft import sft_rows
     from ziprl.learner.trainer import Trainer
+    from ziprl.retrieval.datasets import load_dataset
+    from ziprl.retrieval.types import Passage
 
     cfg = hrr_config(dataset, out_dir / "unused", base_model, 0, 0.2)
     cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, lr=lr))

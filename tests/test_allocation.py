@@ -7,9 +7,9 @@ import math
 import pytest
 
 from tests.conftest import PASSAGES
-from ziprl.env.corpus import load_corpus
-from ziprl.env.datasets import corpus_for
 from ziprl.env.scripted import extractive_note, relevance_level
+from ziprl.retrieval.corpus import load_corpus
+from ziprl.retrieval.datasets import corpus_for
 from ziprl.scoring import level_spec
 from ziprl.scoring.allocation import (
     answer_present,

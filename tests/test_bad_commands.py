@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from ziprl import config
-from ziprl.cli import demos, index, launch, sft, train, view
+from ziprl.cli import demos, index, launch, sft, train, view, watch_teacher
 from ziprl.cli import eval as eval_cmd
-from ziprl.cli import watch_teacher as demo
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "bad-commands.md"
 COMMANDS = {"ziprl.launch": launch.main, "ziprl.train": train.main, "ziprl.eval": eval_cmd.main,
-            "ziprl.index": index.main, "ziprl.demos": demos.main, "ziprl.sft": sft.main, "ziprl.demo": demo.main,
+            "ziprl.index": index.main, "ziprl.demos": demos.main, "ziprl.sft": sft.main, "ziprl.watch_teacher": watch_teacher.main,
             "ziprl.view": view.main, "ziprl.config": config.main}
 D = "{d}"  # the directory of the fixture files below, in each argv
 BOMB = "demos:\n  datasets: [&a [l,l,l,l,l,l,l,l,l], " + ", ".join(
@@ -144,14 +143,14 @@ CASES = [
     case("ziprl.sft", "demos file is a directory", "--demos", D, "--out", f"{D}/sft"),
     case("ziprl.sft", "demos file is not Parquet", "--demos", f"{D}/demos.parquet", "--out", f"{D}/sft"),
     case("ziprl.sft", "demos file is text", "--demos", f"{D}/notes.txt", "--out", f"{D}/sft"),
-    case("ziprl.demo", "unknown strategy", "--strategy", "magic"),
-    case("ziprl.demo", "--episodes not a number", "--episodes", "x"),
-    case("ziprl.demo", "--episodes -1", "--episodes", "-1"),
-    case("ziprl.demo", "--level-scale 0", "--level-scale", "0"),
-    case("ziprl.demo", "--level-scale NaN", "--level-scale", "nan"),
-    case("ziprl.demo", "--level-scale not a number", "--level-scale", "big"),
-    case("ziprl.demo", "--seed not a number", "--seed", "x"),
-    case("ziprl.demo", "unknown flag", "--bogus"),
+    case("ziprl.watch_teacher", "unknown strategy", "--strategy", "magic"),
+    case("ziprl.watch_teacher", "--episodes not a number", "--episodes", "x"),
+    case("ziprl.watch_teacher", "--episodes -1", "--episodes", "-1"),
+    case("ziprl.watch_teacher", "--level-scale 0", "--level-scale", "0"),
+    case("ziprl.watch_teacher", "--level-scale NaN", "--level-scale", "nan"),
+    case("ziprl.watch_teacher", "--level-scale not a number", "--level-scale", "big"),
+    case("ziprl.watch_teacher", "--seed not a number", "--seed", "x"),
+    case("ziprl.watch_teacher", "unknown flag", "--bogus"),
     case("ziprl.index", "no subcommand"),
     case("ziprl.index", "unknown subcommand", "rebuild"),
     case("ziprl.index", "build without --corpus", "build", "--out", f"{D}/idx"),

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ziprl.boundary import run_command
 from ziprl.cli import demos, index, launch, sft, train
 from ziprl.cli import eval as eval_cmd
 from ziprl.cli import watch_teacher as demo
-from ziprl.errors import run_command
 
 GOOD = [{"id": "a", "title": "A", "text": "alpha"}, {"id": "b", "title": "B", "text": "beta"}]
 
@@ -191,7 +191,7 @@ def test_entry_point_prints_no_traceback(tmp_path):
 
 def test_errors_of_resumed_state_are_the_users_to_fix(tmp_path):
     """A broken checkpoint or an empty question set exits 2 with its message, never as an internal error."""
-    from ziprl.errors import UserError
+    from ziprl.boundary import UserError
     from ziprl.learner.checkpoint import CheckpointError, verify_checkpoint
     from ziprl.stream import QuestionStream
 

@@ -1,8 +1,8 @@
 import pytest
 
 from tests.conftest import REPO
-from ziprl.config import ConfigError, ZipRLConfig, load_config
-from ziprl.env.types import QAExample
+from ziprl.config import TRANSPORTS, ConfigError, ZipRLConfig, load_config
+from ziprl.retrieval.types import QAExample
 from ziprl.stream import QuestionStream
 
 
@@ -35,6 +35,13 @@ def test_vllm_memory_fraction_must_fit_the_gpu_share():
         load_config(None, share)
     assert load_config(None, [*share, "model.gpu_memory_utilization=0.11"]).model.gpu_memory_utilization == 0.11
     load_config(None, ["ray.rollout_gpus=0.125"])  # the HF engine takes no memory fraction
+
+
+def test_weight_transports_are_the_configs_one_list():
+    for transport in TRANSPORTS:
+        assert load_config(None, [f"weights.transport={transport}"]).weights.transport == transport
+    with pytest.raises(ConfigError, match="weights.transport must be 'object_store' or 'collective', got 'nccl'"):
+        load_config(None, ["weights.transport=nccl"])
 
 
 def test_yaml_files(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import PASSAGES, WordRetriever
+from tests.conftest import PASSAGES, SizedWordRetriever
 from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
 
@@ -33,13 +33,8 @@ def test_defaults_and_bounds_still_validate():
     load_config(None, ["env.memory_max_chars=0", "env.scoring.w_level=0", "env.max_response_chars=64"])
 
 
-class SizedRetriever(WordRetriever):
-    def __len__(self) -> int:
-        return len(self.passages)
-
-
 def test_top_k_above_the_corpus_size_is_refused_when_the_corpus_is_known():
-    retriever = SizedRetriever(PASSAGES)
+    retriever = SizedWordRetriever(PASSAGES)
     with pytest.raises(ConfigError, match=r"env.top_k=5 is more than the corpus's 3 passages"):
         SearchCompressEnv(EnvConfig(top_k=5), retriever=retriever)
     with pytest.raises(ConfigError, match="env.memory_max_chars"):

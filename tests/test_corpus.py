@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ziprl.env.corpus import CorpusError, corpus_sha256, load_corpus, write_corpus
-from ziprl.env.types import Passage
+from ziprl.retrieval.corpus import CorpusError, corpus_sha256, load_corpus, write_corpus
+from ziprl.retrieval.types import Passage
 
 PASSAGES = [
     Passage("a", "Alpha", "First passage text."),

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ziprl.env.corpus import load_corpus
-from ziprl.env.datasets import (
+from ziprl.retrieval.corpus import load_corpus
+from ziprl.retrieval.datasets import (
     FILES,
     SHARED_ENV,
     DatasetError,
@@ -31,7 +31,7 @@ from ziprl.env.datasets import (
     wiki18_passages,
     write_qa_jsonl,
 )
-from ziprl.env.types import QAExample
+from ziprl.retrieval.types import QAExample
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,12 +9,12 @@ import pytest
 
 from ziprl.cli.demos import main
 from ziprl.config import ZipRLConfig
-from ziprl.env.datasets import load_dataset
 from ziprl.env.demos import synthesize
 from ziprl.env.protocol import parse_turn
-from ziprl.env.retriever import Retriever
-from ziprl.env.types import QAExample
 from ziprl.learner.sft import read_demos
+from ziprl.retrieval.datasets import load_dataset
+from ziprl.retrieval.retriever import Retriever
+from ziprl.retrieval.types import QAExample
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def test_cli_rejects_bad_config(capsys):
 
 def test_limit_is_per_dataset_among_playable_questions(tmp_path, word_retriever):
     from ziprl.config import load_config
-    from ziprl.env.datasets import write_qa_jsonl
     from ziprl.env.demos import build_demos
+    from ziprl.retrieval.datasets import write_qa_jsonl
 
     a = write_qa_jsonl([QAExample("a0", "Who?", ["x"]),  # no supporting titles: the teacher cannot play it
                         QAExample("a1", "Where is Paris?", ["France"], ["Paris"]),

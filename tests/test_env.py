@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import ENV_ID, SearchCompressEnv, register
-from ziprl.env.types import Passage, QAExample
+from ziprl.retrieval.types import Passage, QAExample
 from ziprl.scoring import level_spec
 
 EX = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"], ["Scott Derrickson", "Ed Wood"])

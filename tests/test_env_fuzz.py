@@ -11,9 +11,9 @@ from tests.fuzz_strategies import turns
 from ziprl.config import EnvConfig, RetrieverConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
-from ziprl.env.retriever import Retriever
-from ziprl.env.types import QAExample
 from ziprl.registry import STRATEGIES as REGISTERED
+from ziprl.retrieval.retriever import Retriever
+from ziprl.retrieval.types import QAExample
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
 STRATEGIES = REGISTERED.names()  # every registered strategy, plug-ins included

@@ -10,8 +10,8 @@ from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.strategies.react import REJECTED_KEEP
-from ziprl.env.types import QAExample
 from ziprl.registry import STRATEGIES
+from ziprl.retrieval.types import QAExample
 
 TURNS, RESPONSE = 300, 1 << 20
 BOUND = 16 << 20  # peak growth over 300 turns: a few MB (react's history of cut responses), far below 300 MB

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
-from ziprl.env.types import QAExample
 from ziprl.registry import STRATEGIES
+from ziprl.retrieval.types import QAExample
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
 PIECES = ["<compress level=\"3\">", "<compress level=\"9\">", "<compress>", "</compress>", "<search>", "</search>",

@@ -35,7 +35,7 @@ def _port() -> int:
 
 def _perturbed(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """A deterministic new version of the weights (the same in every process)."""
-    from ziprl.actors.weights import unique_named_tensors
+    from ziprl.actors.weight_buckets import unique_named_tensors
 
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
@@ -81,8 +81,8 @@ def test_deepspeed_bf16_zero_step(stage, model_dir):
 def _nccl_member(rank: int, port: int, model_dir: str, out: str) -> None:
     """One process of the NCCL push: rank 0 sends bf16 buckets of the perturbed model, rank 1 receives into
     a bf16 HFEngine on CUDA and checks the bits. Writes {"ok": ...} or {"error": ...} to ``out``."""
+    from ziprl.actors.weight_buckets import iter_packed, plan_for
     from ziprl.actors.weight_sync import GroupMember, WeightReceiver
-    from ziprl.actors.weights import iter_packed, plan_for
     from ziprl.policy import HFEngine, load_model
 
     try:
@@ -148,7 +148,7 @@ def test_vllm_weight_transfer_over_nccl(model_dir):
     """The learner's end (vLLM's trainer_init + one broadcast per tensor) to a VLLMEngine on the other GPU."""
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-    from ziprl.actors.weights import plan_for
+    from ziprl.actors.weight_buckets import plan_for
     from ziprl.policy import VLLMEngine, load_model
 
     engine = VLLMEngine(model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)

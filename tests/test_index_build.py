@@ -14,12 +14,12 @@ import pytest
 
 from ziprl.cli.index import main as cli
 from ziprl.config import RetrieverConfig
-from ziprl.env import index_build as IB
-from ziprl.env.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
-from ziprl.env.passage_store import PassageStore
-from ziprl.env.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
-from ziprl.env.retriever import rerank_exact as IB_rerank
-from ziprl.env.types import Passage
+from ziprl.retrieval import index_build as IB
+from ziprl.retrieval.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
+from ziprl.retrieval.passage_store import PassageStore
+from ziprl.retrieval.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
+from ziprl.retrieval.retriever import rerank_exact as IB_rerank
+from ziprl.retrieval.types import Passage
 
 N, DIM = 600, 384
 
@@ -231,7 +231,7 @@ def test_adopt_checks_dimension_and_count(data, encoder, tmp_path):
 
 def test_use_gpu_without_a_gpu_searches_on_cpu(data, encoder, tmp_path, caplog):
     out = _build(data, encoder, tmp_path / "idx")
-    with caplog.at_level(logging.WARNING, logger="ziprl.env.index_build"):
+    with caplog.at_level(logging.WARNING, logger="ziprl.retrieval.index_build"):
         r = Retriever.load(out, encoder, use_gpu=True)
     if faiss.get_num_gpus() == 0:
         assert isinstance(r.index, faiss.IndexFlatIP) and "searching on CPU" in caplog.text

@@ -6,9 +6,9 @@ import pytest
 
 from ziprl.config import EnvConfig, RetrieverConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
-from ziprl.env.datasets import load_dataset
-from ziprl.env.retriever import Retriever
 from ziprl.env.scripted import ScriptedTeacher
+from ziprl.retrieval.datasets import load_dataset
+from ziprl.retrieval.retriever import Retriever
 
 
 @pytest.fixture(scope="module")

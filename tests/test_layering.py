@@ -1,69 +1,223 @@
-"""DESIGN.md's layering, checked: the env and scoring layers import neither torch nor Ray, Ray is imported only
-under ``ziprl/actors/`` (and the commands that start it), and no library module imports a command."""
+"""The layer table of docs/architecture.md, checked against every module's imports.
+
+``LAYERS`` is that table as data: for each layer (a package ``name/``, a top-level module ``name.py``, the
+``<command>.py`` entry points, the empty root ``__init__.py``), the ZipRL layers it may import, the third-party
+modules it never imports, and those it imports only inside a function (never when it is imported). Every import of
+every module under ``ziprl/`` (top level, inside functions and under ``if TYPE_CHECKING``) is checked against its
+row; the doc's table must say the same, and importing the light layers in a fresh interpreter loads neither torch
+nor Ray. The packages follow DESIGN.md's order: scoring → retrieval → env → policy → learner → actors → cli.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "ziprl"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ziprl"
+DOC = REPO / "docs" / "architecture.md"
 RAY_COMMANDS = {"ziprl/cli/launch.py"}  # the commands that may start Ray themselves
 # `python -m ziprl.<command>`: the stable entry points, each a 3-line module calling ziprl.cli.<module>.main
-ENTRY_POINTS = {"ziprl/demo.py", "ziprl/demos.py", "ziprl/eval.py", "ziprl/index.py", "ziprl/launch.py",
-                "ziprl/sft.py", "ziprl/train.py", "ziprl/view/__main__.py"}
+ENTRY_POINTS = {"ziprl/demos.py", "ziprl/eval.py", "ziprl/index.py", "ziprl/launch.py",
+                "ziprl/sft.py", "ziprl/train.py", "ziprl/view/__main__.py", "ziprl/watch_teacher.py"}
+ENTRY = "<command>.py"
+ROOT = "__init__.py"  # ziprl/__init__.py: empty
+ORDER = ["scoring/", "retrieval/", "env/", "policy/", "learner/", "actors/", "cli/"]  # DESIGN.md's layer order
+
+HEAVY = frozenset({"torch", "ray", "transformers", "vllm", "deepspeed"})
+GPU_EXTRAS = frozenset({"vllm", "deepspeed"})  # optional: imported only inside functions, everywhere
+FOUNDATION = frozenset({"boundary.py", "paths.py", "registry.py", "config.py"})
+# an upward import the table allows only inside a function, and only of this module
+LAZY_EXCEPTIONS = {("ziprl/env/tokenized.py", "ziprl.policy.models")}  # the tokenizer loader (RLlib wrapper)
 
 
-def imports() -> dict[str, set[str]]:
-    """Every module each file under ziprl/ imports, at top level or inside a function."""
-    found: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        found[path.relative_to(PACKAGE.parent).as_posix()] = names
+@dataclass(frozen=True)
+class Row:
+    may_import: frozenset[str]  # ZipRL layers (besides its own)
+    never: frozenset[str] = frozenset()  # third-party top-level modules it never imports
+    lazy: frozenset[str] = frozenset()  # third-party modules it imports only inside a function
+
+
+def row(may_import=(), never=(), lazy=()) -> Row:
+    """A row; the GPU extras it may import at all, it imports only inside functions."""
+    return Row(frozenset(may_import), frozenset(never), frozenset(lazy) | (GPU_EXTRAS - frozenset(never)))
+
+
+LIBRARY = FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "stream.py", "tb.py", "plots.py", "learner/",
+                        "rundir.py", "evaluation/", "view/", "integrations/"}
+LAYERS: dict[str, Row] = {
+    "boundary.py": row((), HEAVY),
+    "paths.py": row((), HEAVY),
+    "registry.py": row((), HEAVY),  # imports the plug-in packages it names by name, on first lookup
+    "config.py": row({"boundary.py", "registry.py"}, HEAVY),
+    "scoring/": row({"registry.py"}, HEAVY),
+    "retrieval/": row(FOUNDATION | {"scoring/"}, HEAVY, {"sentence_transformers"}),
+    "env/": row(FOUNDATION | {"scoring/", "retrieval/"}, HEAVY, {"sentence_transformers"}),
+    "policy/": row(FOUNDATION | {"scoring/", "retrieval/", "env/"}, {"ray", "deepspeed"}),
+    "stream.py": row(FOUNDATION | {"retrieval/"}, HEAVY),
+    "tb.py": row((), HEAVY - {"torch"}, {"torch"}),
+    "plots.py": row({"env/"}, HEAVY, {"matplotlib"}),
+    "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "stream.py", "tb.py"}, {"ray"}),
+    "rundir.py": row(FOUNDATION | {"learner/"}, HEAVY),
+    "evaluation/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "plots.py"}, {"ray"}),
+    "view/": row(FOUNDATION | {"env/", "policy/"}, {"ray"}),
+    "integrations/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/"}, {"ray"}, {"trl", "datasets"}),
+    "actors/": row(LIBRARY - {"evaluation/", "view/", "integrations/"}),
+    "cli/": row(LIBRARY | {"actors/"}, (), HEAVY - {"ray"}),  # Ray: RAY_COMMANDS only (its own test)
+    ENTRY: row({"cli/"}, HEAVY),
+    ROOT: row((), HEAVY),
+}
+# the layers whose every module imports neither torch nor Ray (checked in a fresh interpreter)
+LIGHT = ("scoring", "retrieval", "env", "boundary", "paths", "registry", "config", "stream", "tb", "plots", "rundir")
+
+
+@dataclass(frozen=True)
+class Import:
+    name: str  # the module imported (``from a.b import c`` gives ``a.b`` and ``a.b.c``)
+    lazy: bool  # inside a function (or under ``if TYPE_CHECKING``): not run when the module is imported
+    line: int
+
+
+def file_imports(path: Path) -> list[Import]:
+    """Every import of one file, at top level, in a class body, inside a function or under TYPE_CHECKING."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(a.name, lazy, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import; write the absolute module name"
+            found.append(Import(node.module, lazy, node.lineno))
+            found.extend(Import(f"{node.module}.{a.name}", lazy, node.lineno) for a in node.names)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, lazy)
+            return
+        inner = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), False)
     return found
 
 
-def importers(prefix: str) -> set[str]:
-    return {f for f, names in imports().items() if any(n == prefix or n.startswith(prefix + ".") for n in names)}
+def imports() -> dict[str, list[Import]]:
+    """Every module under ziprl/ (as ``ziprl/...py``) and its imports."""
+    return {p.relative_to(REPO).as_posix(): file_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def test_env_and_scoring_import_neither_torch_nor_ray():
+def layer_of_file(rel: str) -> str:
+    if rel in ENTRY_POINTS:
+        return ENTRY
+    parts = rel.split("/")[1:]
+    return f"{parts[0]}/" if len(parts) > 1 else parts[0]
+
+
+def layer_of_module(name: str) -> str | None:
+    """The layer of a ``ziprl.`` module (None for another package, or ``ziprl`` itself)."""
+    parts = name.split(".")
+    if parts[0] != "ziprl" or len(parts) == 1:
+        return None
+    return f"{parts[1]}/" if (PACKAGE / parts[1]).is_dir() else f"{parts[1]}.py"
+
+
+def excepted(rel: str, imp: Import) -> bool:
+    """An import that LAZY_EXCEPTIONS allows: of that module (or a name in it), inside a function of that file."""
+    return imp.lazy and any(f == rel and (imp.name == m or imp.name.startswith(f"{m}.")) for f, m in LAZY_EXCEPTIONS)
+
+
+def violations() -> list[str]:
+    """Every import that its module's row of LAYERS does not allow, as ``file:line: why``."""
+    out = []
+    for rel, found in imports().items():
+        own = layer_of_file(rel)
+        rule = LAYERS[own]
+        for imp in found:
+            target = layer_of_module(imp.name)
+            top = imp.name.split(".")[0]
+            where = f"{rel}:{imp.line}: {own} imports {imp.name}"
+            if target is not None:
+                if target != own and target not in rule.may_import and not excepted(rel, imp):
+                    out.append(f"{where} ({target} is not in its row)")
+            elif top in rule.never:
+                out.append(f"{where} (never)")
+            elif top in rule.lazy and not imp.lazy:
+                out.append(f"{where} at import time (only inside a function)")
+    return out
+
+
+def test_every_module_has_a_row():
+    assert {layer_of_file(rel) for rel in imports()} == set(LAYERS)
+
+
+def test_every_import_follows_the_layer_table():
+    assert violations() == []
+
+
+def test_the_table_follows_the_design_order_and_has_no_cycle():
+    for i, layer in enumerate(ORDER):
+        assert set(ORDER[:i]) <= LAYERS[layer].may_import | FOUNDATION, layer
+        assert not set(ORDER[i + 1:]) & LAYERS[layer].may_import, layer
+    try:
+        TopologicalSorter({name: r.may_import for name, r in LAYERS.items()}).prepare()
+    except CycleError as exc:
+        raise AssertionError(f"the layer table has a cycle: {exc.args[1]}") from None
+    assert {m for r in LAYERS.values() for m in r.may_import} <= set(LAYERS)
+
+
+def doc_table() -> dict[str, Row]:
+    """The rows of docs/architecture.md's layer table: layer | holds | may import | never imports | only inside
+    functions; ``foundation`` and ``heavy`` stand for FOUNDATION and HEAVY."""
+    text = DOC.read_text(encoding="utf-8").split("## Layering", 1)[1]
+    rows: dict[str, Row] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith("`"):
+            continue
+        names = [re.findall(r"`([^`]+)`", c) for c in cells]
+        may = set(names[2]) | (FOUNDATION if "foundation" in cells[2] else set())
+        never = set(names[3]) | (HEAVY if "heavy" in cells[3] else set())
+        rows[names[0][0]] = Row(frozenset(may), frozenset(never), frozenset(names[4]))
+    return rows
+
+
+def test_the_doc_table_is_this_table():
+    doc = doc_table()
+    assert set(doc) == set(LAYERS)
+    for name, rule in LAYERS.items():
+        stated = Row(rule.may_import, rule.never, rule.lazy - GPU_EXTRAS)  # the doc states the extras once
+        assert doc[name] == stated, name
+
+
+def test_light_layers_import_neither_torch_nor_ray():
     code = ("import importlib, pkgutil, sys\n"
-            "for pkg in ('ziprl.scoring', 'ziprl.env'):\n"
-            "    root = importlib.import_module(pkg)\n"
-            "    for m in pkgutil.walk_packages(root.__path__, pkg + '.'):\n"
+            f"for name in {LIGHT!r}:\n"
+            "    root = importlib.import_module('ziprl.' + name)\n"
+            "    for m in pkgutil.walk_packages(getattr(root, '__path__', []), root.__name__ + '.'):\n"
             "        importlib.import_module(m.name)\n"
             "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"
-            "print(len([m for m in sys.modules if m.startswith(('ziprl.env.', 'ziprl.scoring.'))]))\n")
+            "print(len([m for m in sys.modules if m.startswith(('ziprl.env.', 'ziprl.scoring.', 'ziprl.retrieval.'))]))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                         cwd=PACKAGE.parent).stdout.split("\n")
+                         cwd=REPO).stdout.split("\n")
     assert out[0] == "[]"
-    assert int(out[1]) >= 20  # every submodule was imported, not just the packages
+    assert int(out[1]) >= 30  # every submodule was imported, not just the packages
 
 
 def test_ray_is_imported_only_under_actors_and_the_commands_that_start_it():
-    outside = {f for f in importers("ray") if not f.startswith("ziprl/actors/")}
+    outside = {f for f, found in imports().items() if any(i.name.split(".")[0] == "ray" for i in found)
+               and not f.startswith("ziprl/actors/")}
     assert outside <= RAY_COMMANDS, sorted(outside - RAY_COMMANDS)
-
-
-def test_only_commands_reach_the_ray_actors():
-    outside = {f for f in importers("ziprl.actors") if not f.startswith(("ziprl/actors/", "ziprl/cli/"))}
-    assert outside == set(), sorted(outside)
-
-
-def test_the_library_never_imports_a_command():
-    outside = {f for f in importers("ziprl.cli") if not f.startswith("ziprl/cli/")}
-    assert outside == ENTRY_POINTS
 
 
 def test_every_entry_point_runs_its_command():
     for shim in ENTRY_POINTS:
-        tree = ast.parse((PACKAGE.parent / shim).read_text(encoding="utf-8"))
+        tree = ast.parse((REPO / shim).read_text(encoding="utf-8"))
         (target,) = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        assert (PACKAGE.parent / (target.replace(".", "/") + ".py")).is_file(), shim
+        assert target.startswith("ziprl.cli.") and (REPO / (target.replace(".", "/") + ".py")).is_file(), shim

@@ -11,7 +11,7 @@ import ray
 from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
 from ziprl.actors.driver import check_gpus
 from ziprl.actors.learner_actor import LearnerGroup
-from ziprl.actors.weights import unpack
+from ziprl.actors.weight_buckets import unpack
 from ziprl.config import ConfigError, load_config
 from ziprl.env.trajectory import to_table
 from ziprl.learner.trainer import Trainer

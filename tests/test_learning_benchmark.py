@@ -50,7 +50,7 @@ def test_paired_differences_follow_question_ids(learning):
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data")
 def test_held_out_questions_are_disjoint_from_training(learning, tmp_path):
-    from ziprl.env.datasets import load_qa_jsonl
+    from ziprl.retrieval.datasets import load_qa_jsonl
 
     train_path, held_path, corpus = learning.split_questions(tmp_path, 100)
     train, held = load_qa_jsonl(train_path), load_qa_jsonl(held_path)

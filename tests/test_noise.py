@@ -12,15 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import PASSAGES, WordRetriever
+from tests.conftest import PASSAGES, SizedWordRetriever
 from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
-from ziprl.env.noise import inject_noise
 from ziprl.env.protocol import HIT_MARK
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.trajectory import LEGACY_SCHEMAS, Trajectory, Turn, load_trajectories, save_trajectories
-from ziprl.env.types import Hit, Passage, QAExample
 from ziprl.evaluation.noise import injected_fraction, parse_noise_levels
+from ziprl.retrieval.noise import inject_noise
+from ziprl.retrieval.types import Hit, Passage, QAExample
 
 FILLER = [Passage(f"f{i}", f"Filler {i}", f"Filler passage number {i} about topic {i % 7}.") for i in range(60)]
 EXAMPLES = [QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"],
@@ -30,8 +30,8 @@ IDS = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] ", re.MULTILINE)
 
 
 @pytest.fixture
-def retriever() -> WordRetriever:
-    return WordRetriever(PASSAGES + FILLER)
+def retriever() -> SizedWordRetriever:
+    return SizedWordRetriever(PASSAGES + FILLER)
 
 
 def play(retriever, seed: int, **env) -> tuple[list[str], list[dict]]:
@@ -96,12 +96,12 @@ def test_noise_does_not_change_which_questions_a_seed_picks(retriever):
 
 
 def test_measured_rate_matches_p():
-    retriever = WordRetriever(PASSAGES + FILLER)
+    retriever = SizedWordRetriever(PASSAGES + FILLER)
     hits = retriever.search(["Filler topic"], 5)[0]
     rng = np.random.default_rng(0)
     counts = [len(inject_noise(hits, 0.3, retriever, rng)[1]) for _ in range(400)]
     assert sum(counts) / (400 * 5) == pytest.approx(0.3, abs=0.03)
-    assert inject_noise(hits, 0.3, WordRetriever(PASSAGES[:1]), rng) == (hits, [])  # nothing else to draw
+    assert inject_noise(hits, 0.3, SizedWordRetriever(PASSAGES[:1]), rng) == (hits, [])  # nothing else to draw
 
 
 def test_noise_needs_a_retriever_with_random_access():
@@ -114,7 +114,7 @@ def test_noise_needs_a_retriever_with_random_access():
 
     SearchCompressEnv(EnvConfig(), retriever=SearchOnly(), examples=EXAMPLES).reset(seed=0)  # noise off: fine
     env = SearchCompressEnv(EnvConfig(retrieval_noise=0.1), retriever=SearchOnly(), examples=EXAMPLES)
-    with pytest.raises(ValueError, match="SearchOnly lacks num_passages, hit_at: add them or set env.retrieval_noise=0"):
+    with pytest.raises(ValueError, match="SearchOnly lacks __len__, hit_at: add them or set env.retrieval_noise=0"):
         env.reset(seed=0)
 
 
@@ -146,12 +146,12 @@ def test_trajectory_noise_fields_round_trip_and_old_files_load(tmp_path):
 @pytest.mark.slow
 def test_real_retriever_hit_at_renders_like_search():
     from ziprl.config import RetrieverConfig
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.retriever import Retriever
 
     r = Retriever.from_config(RetrieverConfig())
     hit = r.search(["Paris"], 1)[0][0]
-    row = next(i for i in range(r.num_passages()) if r.hit_at(i).doc_id == hit.doc_id)
-    assert r.num_passages() == len(r) and r.hit_at(row) == dataclasses.replace(hit, score=0.0)
+    row = next(i for i in range(len(r)) if r.hit_at(i).doc_id == hit.doc_id)
+    assert r.hit_at(row) == dataclasses.replace(hit, score=0.0)
     assert isinstance(r.hit_at(0), Hit)
 
 
@@ -159,9 +159,9 @@ def test_real_retriever_hit_at_renders_like_search():
 def test_rollout_records_noise_and_eval_sweep_writes_curve(tiny_model_dir, tmp_path):
     from ziprl.cli.eval import main
     from ziprl.config import RetrieverConfig, SamplingConfig
-    from ziprl.env.retriever import Retriever
     from ziprl.policy import HFEngine
     from ziprl.policy.rollout import rollout
+    from ziprl.retrieval.retriever import Retriever
 
     class SearchingEngine(HFEngine):
         """The tiny model's real generations, with the text replaced by one search (so every turn retrieves)."""

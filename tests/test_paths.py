@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 from ziprl.config import ModelConfig
-from ziprl.env.retriever import default_index_dir
 from ziprl.paths import (
     atomic_dir,
     atomic_path,
@@ -20,6 +19,7 @@ from ziprl.paths import (
     atomic_write_text,
     cache_root,
 )
+from ziprl.retrieval.retriever import default_index_dir
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from ziprl.env.protocol import parse_turn
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.tools import Tool, ToolResult, closing_tags
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.env.types import QAExample
 from ziprl.learner.trainer import rollout_matches_learner
 from ziprl.policy import make_engine
 from ziprl.policy.engine import EngineSpec, GenerationEngine, stop_strings
 from ziprl.registry import ENGINES, REWARDS, STRATEGIES, TOOLS, Registry
+from ziprl.retrieval.types import QAExample
 
 
 def test_builtin_entries_in_order():

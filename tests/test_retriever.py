@@ -13,11 +13,11 @@ import pytest
 
 from ziprl.cli.index import main as cli
 from ziprl.config import RetrieverConfig
-from ziprl.env import index_build as IB
-from ziprl.env import retriever as R
-from ziprl.env.corpus import CorpusError, load_corpus, write_corpus
-from ziprl.env.datasets import corpus_for
-from ziprl.env.retriever import (
+from ziprl.retrieval import index_build as IB
+from ziprl.retrieval import retriever as R
+from ziprl.retrieval.corpus import CorpusError, load_corpus, write_corpus
+from ziprl.retrieval.datasets import corpus_for
+from ziprl.retrieval.retriever import (
     Encoder,
     Retriever,
     RetrieverError,
@@ -25,7 +25,7 @@ from ziprl.env.retriever import (
     build_index,
     default_index_dir,
 )
-from ziprl.env.types import Passage
+from ziprl.retrieval.types import Passage
 
 N = 24
 
@@ -74,7 +74,7 @@ class CountingEncoder(Encoder):
 
 
 def test_env_layer_imports_without_torch():
-    code = ("import sys, ziprl.env.retriever, ziprl.env.datasets, ziprl.cli.index; "
+    code = ("import sys, ziprl.retrieval.retriever, ziprl.retrieval.datasets, ziprl.cli.index; "
             "bad = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -156,7 +156,7 @@ def test_bad_k(retriever, k):
 def test_reuse_unchanged_corpus_does_not_reencode(corpus, flat_dir, encoder, caplog):
     counting = CountingEncoder(encoder)
     before = {p.name: p.stat().st_mtime_ns for p in flat_dir.iterdir()}
-    with caplog.at_level("INFO", logger="ziprl.env.index_build"):
+    with caplog.at_level("INFO", logger="ziprl.retrieval.index_build"):
         assert build_index(corpus, flat_dir, counting, progress=False) == flat_dir
     assert counting.passage_calls == 0 and "reusing" in caplog.text
     assert {p.name: p.stat().st_mtime_ns for p in flat_dir.iterdir()} == before
@@ -300,8 +300,8 @@ def test_cli_subprocess_error():
 
 
 def test_shipped_sample_index_matches_the_shipped_corpus(tmp_path, monkeypatch):
-    from ziprl.env.corpus import corpus_sha256
-    from ziprl.env.datasets import SAMPLE_DIR
+    from ziprl.retrieval.corpus import corpus_sha256
+    from ziprl.retrieval.datasets import SAMPLE_DIR
 
     monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
     manifest = json.loads((SAMPLE_DIR / "index" / "manifest.json").read_text())

@@ -12,11 +12,11 @@ import torch
 
 from ziprl.config import EnvConfig, RetrieverConfig, SamplingConfig
 from ziprl.env import SearchCompressEnv
-from ziprl.env.datasets import load_dataset
-from ziprl.env.retriever import Retriever
 from ziprl.env.trajectory import load_trajectories, save_trajectories
 from ziprl.policy import HFEngine
 from ziprl.policy.rollout import rollout
+from ziprl.retrieval.datasets import load_dataset
+from ziprl.retrieval.retriever import Retriever
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ziprl.env.trajectory import Trajectory
-from ziprl.env.types import QAExample
 from ziprl.learner.capacity import capacity, is_fresh, lag
 from ziprl.learner.scheduler import RolloutScheduler
 from ziprl.policy.source import Completion
+from ziprl.retrieval.types import QAExample
 from ziprl.stream import QuestionStream
 
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(50)]

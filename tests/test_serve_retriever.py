@@ -24,9 +24,9 @@ from ziprl.actors.serve_retriever import (  # noqa: E402
     deploy_retriever,
 )
 from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
-from ziprl.env.corpus import write_corpus  # noqa: E402
-from ziprl.env.retriever import Encoder, Retriever, RetrieverError, UnknownDocument, build_index  # noqa: E402
-from ziprl.env.types import Hit, Passage  # noqa: E402
+from ziprl.retrieval.corpus import write_corpus  # noqa: E402
+from ziprl.retrieval.retriever import Encoder, Retriever, RetrieverError, UnknownDocument, build_index  # noqa: E402
+from ziprl.retrieval.types import Hit, Passage  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ N_DOCS = 50
 def _passages() -> list[Passage]:
     """The first 50 passages of the shipped sample corpus, else of the shared wiki18 sample."""
     if SAMPLE.is_file():
-        from ziprl.env.corpus import load_corpus
+        from ziprl.retrieval.corpus import load_corpus
 
         return load_corpus(SAMPLE)[:N_DOCS]
     if not WIKI.is_file():
@@ -151,7 +151,7 @@ def test_open_and_unknown_id(client, local, passages):
 
 
 def test_random_access_for_retrieval_noise(client, local, passages):
-    assert client.num_passages() == local.num_passages() == len(passages)
+    assert len(client) == len(local) == len(passages)
     assert [client.hit_at(r) for r in (0, 7, len(passages) - 1)] == [local.hit_at(r) for r in (0, 7, len(passages) - 1)]
 
 
@@ -175,7 +175,7 @@ def test_health_check(client):
 
 def test_health_check_fails_on_empty_index():
     replica = RetrieverDeployment.func_or_class.__new__(RetrieverDeployment.func_or_class)
-    replica._retriever = SimpleNamespace(num_docs=0)
+    replica._retriever = SimpleNamespace(manifest={"count": 0})
     with pytest.raises(RuntimeError, match="empty"):
         asyncio.run(replica.check_health())
 

@@ -17,9 +17,9 @@ from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 from ziprl.actors.serve_retriever import RetrieverUnavailable, ServeRetrieverClient, deploy_retriever  # noqa: E402
 from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
-from ziprl.env.corpus import load_corpus, write_corpus  # noqa: E402
-from ziprl.env.datasets import corpus_for  # noqa: E402
-from ziprl.env.retriever import Encoder, Retriever, build_index  # noqa: E402
+from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
+from ziprl.retrieval.datasets import corpus_for  # noqa: E402
+from ziprl.retrieval.retriever import Encoder, Retriever, build_index  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N_DOCS = 40
@@ -62,7 +62,9 @@ def test_sharded_router_equals_unsharded(cluster, indexes, passages):
     assert client.open(passages[35].doc_id) == passages[35]  # lives in the last shard
     with pytest.raises(KeyError, match="nope"):
         client.open("nope")
-    assert client.stats()["shards"] == 3 and client.stats()["num_docs"] == N_DOCS
+    assert client.stats()["shards"] == 3 and client.stats()["num_docs"] == len(client) == N_DOCS
+    rows = (0, 13, 14, 27, N_DOCS - 1)  # the router asks each shard's len() and maps a row into its shard
+    assert [client.hit_at(r).doc_id for r in rows] == [local.hit_at(r).doc_id for r in rows]
     assert {d for d in serve.status().applications["sharded"].deployments} == {
         "sharded", "sharded_shard0", "sharded_shard1", "sharded_shard2"}
     serve.delete("sharded")

@@ -14,8 +14,8 @@ from tests.fuzz_strategies import ANY_CHAR, turns
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import HIT_MARK, defuse, escape, parse_hits, unescape
-from ziprl.env.types import Passage, QAExample
 from ziprl.registry import STRATEGIES
+from ziprl.retrieval.types import Passage, QAExample
 
 # One token of each family (ChatML/Qwen, Llama-3, Phi, DeepSeek, Command-R, Llama-2/Mistral, Gemma, BERT, GLM, Falcon)
 TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",

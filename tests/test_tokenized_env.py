@@ -23,8 +23,8 @@ from ziprl.env.tokenized import (
     make_tokenized_env,
     question_phrases,
 )
-from ziprl.env.types import Passage, QAExample
 from ziprl.registry import STRATEGIES
+from ziprl.retrieval.types import Passage, QAExample
 
 DERRICKSON = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"])
 PARIS = QAExample("q2", "Which city is the capital of France?", ["Paris"])

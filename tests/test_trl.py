@@ -8,9 +8,9 @@ from tests.conftest import PASSAGES, WordRetriever
 from ziprl.config import SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.env.types import QAExample
 from ziprl.integrations import trl as ziprl_trl
 from ziprl.integrations.trl import SearchCompressRollout, flatten, prompt_dataset, q_com_reward
+from ziprl.retrieval.types import QAExample
 
 EXAMPLE = QAExample("q-paris", "What is the capital of France?", ["Paris"])
 ANSWERS = ("<answer>Paris</answer>", "<answer>Rome</answer>")

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ziprl.actors.weight_sync import GroupMember, WeightReceiver
-from ziprl.actors.weights import (
+from ziprl.actors.weight_buckets import (
     ALIGN,
     Bucket,
     iter_packed,
@@ -21,6 +20,7 @@ from ziprl.actors.weights import (
     unpack,
     wire_dtype,
 )
+from ziprl.actors.weight_sync import GroupMember, WeightReceiver
 from ziprl.policy import HFEngine
 
 

@@ -10,8 +10,8 @@ from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.tokenized import TokenizedSearchCompressEnv
-from ziprl.env.types import QAExample
 from ziprl.registry import STRATEGIES
+from ziprl.retrieval.types import QAExample
 
 EX = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"], ["Scott Derrickson", "Ed Wood"])
 OPENS = ["d1", "d2", "d3", "d1"]  # four observations, each a whole passage

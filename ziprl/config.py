@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.registry import ENGINES, REWARDS, STRATEGIES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -252,6 +252,9 @@ class RayConfig:
     auth_token: bool = opt(True, "Ray token authentication on clusters ZipRL starts; false = RAY_AUTH_MODE=disabled.")
 
 
+TRANSPORTS = ("object_store", "collective")  # weights.transport: ziprl/actors/weight_sync.py implements each
+
+
 @dataclass
 class WeightsConfig:
     """Learner -> rollout-actor weight pushes (ziprl/actors/weight_sync.py)."""
@@ -373,8 +376,8 @@ class ZipRLConfig:
              "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
             (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
             (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
-            (self.weights.transport in ("object_store", "collective"),
-             f"weights.transport must be 'object_store' or 'collective', got {self.weights.transport!r}"),
+            (self.weights.transport in TRANSPORTS,
+             f"weights.transport must be {' or '.join(map(repr, TRANSPORTS))}, got {self.weights.transport!r}"),
             (self.weights.bucket_mb > 0, f"weights.bucket_mb must be > 0, got {self.weights.bucket_mb}"),
             (self.weights.rendezvous_timeout_s > 0, "weights.rendezvous_timeout_s must be > 0"),
             (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),
@@ -409,11 +412,11 @@ def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
     return out
 
 
-def check_top_k(env: EnvConfig, num_docs: int) -> None:
+def check_top_k(env: EnvConfig, passages: int) -> None:
     """ConfigError when ``env.top_k`` exceeds the corpus size (every search would be a tool error)."""
-    if env.top_k > num_docs:
-        raise ConfigError(f"env.top_k={env.top_k} is more than the corpus's {num_docs} passages; "
-                          f"set env.top_k <= {num_docs}")
+    if env.top_k > passages:
+        raise ConfigError(f"env.top_k={env.top_k} is more than the corpus's {passages} passages; "
+                          f"set env.top_k <= {passages}")
 
 
 def _kind(value: Any) -> str:

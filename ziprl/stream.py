@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from ziprl.config import ConfigError
-from ziprl.env.types import QAExample
+from ziprl.retrieval.types import QAExample
 
 
 class QuestionStream:

@@ -21,8 +21,8 @@ from ziprl.actors.rollout_actor import RolloutActor, example_dicts
 from ziprl.actors.weight_sync import make_weight_sync
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, from_table, to_table
-from ziprl.env.types import QAExample
 from ziprl.policy.source import Completion
+from ziprl.retrieval.types import QAExample
 
 ROLLOUT_NAME = "ziprl-rollout-{}"
 RESTART_TIMEOUT_S = 600  # a restarted rollout actor reloads its model

@@ -20,10 +20,10 @@ from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.config import ZipRLConfig
-from ziprl.env.datasets import load_dataset, retriever_config_for
 from ziprl.env.demos import build_demos
 from ziprl.learner.loop import train_loop
 from ziprl.learner.sft import stage1_dir
+from ziprl.retrieval.datasets import load_dataset, retriever_config_for
 from ziprl.rundir import write_config
 from ziprl.stream import QuestionStream
 from ziprl.tb import MetricsLogger

@@ -10,11 +10,11 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from ziprl.actors.weight_buckets import WeightRef
 from ziprl.actors.weight_sync import ReceivesWeights, WeightReceiver
-from ziprl.actors.weights import WeightRef
 from ziprl.config import ZipRLConfig, from_dict
 from ziprl.env.trajectory import to_table
-from ziprl.env.types import QAExample
+from ziprl.retrieval.types import QAExample
 
 
 class RolloutWorker(ReceivesWeights):

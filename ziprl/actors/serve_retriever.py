@@ -45,9 +45,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ziprl.config import HTTP_TOKEN_ENV, LOOPBACK, ConfigError, RayConfig, RetrieverConfig, from_dict
-from ziprl.env.index_files import read_manifest
-from ziprl.env.retriever import Retriever, RetrieverError, UnknownDocument, merge_hits
-from ziprl.env.types import Hit, Passage
+from ziprl.retrieval.index_files import read_manifest
+from ziprl.retrieval.retriever import Retriever, RetrieverError, UnknownDocument, merge_hits
+from ziprl.retrieval.types import Hit, Passage
 
 # worth retrying: a full queue, a replica that died or is being replaced, a call that ran out of time
 RETRYABLE = (BackPressureError, DeploymentUnavailableError, RayActorError, ActorDiedError, ActorUnavailableError,
@@ -89,13 +89,13 @@ def authorized(header: str | None, token: str | None) -> bool:
 HEALTH_QUERY = "health check"
 
 
-def search_error(query: Any, k: Any, num_docs: int, max_chars: int | None = None) -> str | None:
+def search_error(query: Any, k: Any, passages: int, max_chars: int | None = None) -> str | None:
     """Why a one-query search request is invalid (as the in-process Retriever would judge it), or None."""
     if not isinstance(query, str) or not query.strip():
         return f"the query is empty or not a string ({str(query)[:50]!r}); every query needs some text"
     if max_chars is not None and len(query) > max_chars:
         return f"the query is {len(query)} characters; the limit is {max_chars}"
-    limit = min(MAX_K, num_docs)
+    limit = min(MAX_K, passages)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
         return f"k must be an integer in 1..{limit}, got {k!r}"
     return None
@@ -107,7 +107,8 @@ def _config(retriever: RetrieverConfig | dict) -> RetrieverConfig:
 
 @serve.deployment
 class RetrieverShard:
-    """One replica = one shard of a sharded index. Handle methods: ``search_embeddings``, ``open``."""
+    """One replica = one shard of a sharded index. Handle methods: ``search_embeddings``, ``open``, ``hit_at``,
+    ``__len__`` (the shard's passages)."""
 
     def __init__(self, retriever: RetrieverConfig | dict, shard: int):
         self._retriever = Retriever.from_config(_config(retriever), shards=[shard])
@@ -124,7 +125,7 @@ class RetrieverShard:
         except KeyError:
             return None
 
-    def size(self) -> int:
+    def __len__(self) -> int:
         return len(self._retriever)
 
     def hit_at(self, row: int) -> Hit:
@@ -139,7 +140,7 @@ class RetrieverShard:
 class RetrieverDeployment:
     """One replica = one loaded index, or the router of a sharded one (``shards``: a handle per shard).
 
-    Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``hit_at(row)``, ``stats()``.
+    Handle methods: ``search(queries, k)``, ``open(doc_id)``, ``hit_at(row)``, ``__len__()``, ``stats()``.
     """
 
     def __init__(self, retriever: RetrieverConfig | dict, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.01,
@@ -183,7 +184,7 @@ class RetrieverDeployment:
         if isinstance(queries, str) or not isinstance(queries, Sequence):
             return {"error": f"queries must be a list of strings, got {type(queries).__name__}"}
         for q in queries:
-            if (err := search_error(q, k, self._retriever.num_docs, max_chars)) is not None:
+            if (err := search_error(q, k, len(self), max_chars)) is not None:
                 return {"error": err}
         return list(await asyncio.gather(*(self._search_batch(q, k) for q in queries)))
 
@@ -200,28 +201,32 @@ class RetrieverDeployment:
             return {"error": str(exc)}
 
     async def hit_at(self, row: int) -> Hit:
-        """Passage ``row`` as a search hit (env.retrieval_noise); ``num_docs`` from :meth:`stats` bounds it.
+        """Passage ``row`` (0..len(self)-1) as a search hit (env.retrieval_noise).
 
         A router asks the shard holding the row (shards are contiguous slices of the corpus, in order).
         """
         if not self._shards:
             return self._retriever.hit_at(row)
         if self._sizes is None:
-            self._sizes = list(await asyncio.gather(*(h.size.remote() for h in self._shards)))
+            self._sizes = list(await asyncio.gather(*(h.__len__.remote() for h in self._shards)))
         for handle, size in zip(self._shards, self._sizes, strict=True):
             if row < size:
                 return await handle.hit_at.remote(row)
             row -= size
         raise IndexError("passage row out of range")
 
+    def __len__(self) -> int:
+        """Passages in the whole index (a router loads none itself: its shards hold them)."""
+        return int(self._retriever.manifest["count"])
+
     def stats(self) -> dict[str, float]:
         """Counters of this replica: batches, queries, largest batch, seconds in search, index size."""
         return {"batches": self._batches, "queries": self._queries, "max_batch": self._max_batch,
-                "search_s": self._busy_s, "num_docs": self._retriever.num_docs, "shards": max(1, len(self._shards))}
+                "search_s": self._busy_s, "num_docs": len(self), "shards": max(1, len(self._shards))}
 
     async def check_health(self) -> None:
         """Raise unless the index is loaded and a one-hit search works (Serve then replaces the replica)."""
-        if self._retriever.num_docs == 0:
+        if len(self) == 0:
             raise RuntimeError("retriever index is empty")
         hits = await self._search([HEALTH_QUERY], 1)
         if len(hits) != 1 or len(hits[0]) != 1:
@@ -319,7 +324,7 @@ class ServeRetrieverClient:
     def __init__(self, handle: DeploymentHandle, timeout_s: float = 60.0):
         self.handle, self.timeout_s = handle, timeout_s
         self.retries = 0  # calls retried by this client (back-pressure, dead replicas, time-outs)
-        self._num_passages: int | None = None
+        self._len: int | None = None  # the index's passages, asked once
 
     def _call(self, method: str, *args: Any) -> Any:
         deadline, delay = time.monotonic() + self.timeout_s, 0.02
@@ -351,10 +356,11 @@ class ServeRetrieverClient:
             raise UnknownDocument(p["error"])
         return p
 
-    def num_passages(self) -> int:
-        if self._num_passages is None:
-            self._num_passages = int(self.stats()["num_docs"])
-        return self._num_passages
+    def __len__(self) -> int:
+        """Passages in the index (env.retrieval_noise's rows; the env checks env.top_k against it)."""
+        if self._len is None:
+            self._len = int(self._call("__len__"))
+        return self._len
 
     def hit_at(self, row: int) -> Hit:
         return self._call("hit_at", row)

@@ -2,7 +2,7 @@
 
 The driver uses one :class:`WeightSync` (:func:`make_weight_sync`) and calls ``push(version)`` after each
 learner step, ``rejoin(i, actor)`` when Ray restarted rollout actor ``i``, ``close()`` at the end. Both
-transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod:`ziprl.actors.weights`).
+transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod:`ziprl.actors.weight_buckets`).
 
 - ``object_store``: learner rank 0 ``ray.put`` s each bucket (a numpy uint8 buffer: numpy, not torch tensors,
   which the object store pickles ~4x slower) and every actor is sent the same :class:`WeightRef`. Actors on
@@ -51,7 +51,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayError
 
-from ziprl.actors.weights import (
+from ziprl.actors.weight_buckets import (
     Bucket,
     TensorMeta,
     WeightRef,
@@ -62,9 +62,6 @@ from ziprl.actors.weights import (
 )
 from ziprl.config import ZipRLConfig
 from ziprl.registry import ENGINES
-
-TRANSPORTS = ("object_store", "collective")
-
 
 # ----------------------------------------------------------------------------- the group (any process)
 
@@ -237,10 +234,6 @@ class ReceivesWeights:
     def leave_weight_group(self) -> None:
         self.weights.member = None
 
-    def weights_version(self) -> int:
-        """The version the engine generates with."""
-        return self.weights.engine.version
-
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
 
@@ -409,12 +402,10 @@ class CollectiveSync(WeightSync):
 
     def __init__(self, cfg: ZipRLConfig, learner: Any, actors: list[Any]):
         super().__init__(cfg, learner, actors)
-        self.generation = 0
         self.form()
 
     def form(self) -> None:
         """Form a new group (a fresh rendezvous): learner rank 0 is rank 0, actor i is rank i + 1."""
-        self.generation += 1
         ips = [ray.get(self.learner.actors[0].node_ip.remote()), *[self._alive_ip(a) for a in self.actors]]
         loopback = len(set(ips)) == 1
         addr = "127.0.0.1" if loopback else ips[0]

@@ -46,10 +46,10 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     loader's own validation; an explicit corpus is read up to its first passage; index, encoder and
     embedding paths must exist.
     """
-    from ziprl.env.corpus import CorpusError, iter_corpus
-    from ziprl.env.datasets import NAMES, corpus_for, load_dataset
-    from ziprl.env.index_files import RetrieverError
     from ziprl.policy.models import check_model_paths
+    from ziprl.retrieval.corpus import CorpusError, iter_corpus
+    from ziprl.retrieval.datasets import NAMES, corpus_for, load_dataset
+    from ziprl.retrieval.index_files import RetrieverError
 
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)

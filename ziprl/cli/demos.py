@@ -13,10 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from ziprl.boundary import run_command
 from ziprl.cli.common import overrides
 from ziprl.config import ConfigError, load_config
 from ziprl.env.demos import build_demos
-from ziprl.errors import run_command
 
 
 def check_out_file(out: Path) -> None:

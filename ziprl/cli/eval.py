@@ -16,9 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from ziprl.boundary import run_command
 from ziprl.cli.common import overrides
 from ziprl.config import STRATEGIES, ConfigError, load_config
-from ziprl.errors import run_command
 from ziprl.evaluation.harness import evaluate
 from ziprl.evaluation.noise import noise_sweep, parse_noise_levels
 from ziprl.policy.models import check_model_paths

@@ -17,9 +17,9 @@ import argparse
 import logging
 import sys
 
+from ziprl.boundary import run_command
 from ziprl.config import RetrieverConfig
-from ziprl.env.retriever import Encoder, Retriever, adopt_index, build_index
-from ziprl.errors import run_command
+from ziprl.retrieval.retriever import Encoder, Retriever, adopt_index, build_index
 
 DEFAULTS = RetrieverConfig()
 

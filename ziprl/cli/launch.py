@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
-from ziprl.errors import run_command
 from ziprl.rundir import apply_run_dir, plan_run_dir
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ziprl.boundary import run_command
 from ziprl.config import load_config
-from ziprl.errors import run_command
 from ziprl.learner.sft import run_sft
 
 

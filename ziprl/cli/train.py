@@ -4,7 +4,8 @@
                           [--sft-checkpoint DIR] [--set section.field=value ...]
 
 For debugging and small runs (the library is :mod:`ziprl.learner.in_process`); ``python -m ziprl.launch`` runs
-the same loop (``ziprl.learner.loop``) with Ray rollout actors. Each step writes its trajectories (Parquet), TensorBoard scalars and, every
+the same loop (``ziprl.learner.loop``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
+(``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). Each step writes its trajectories (Parquet), TensorBoard scalars and, every
 ``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
 """
 
@@ -13,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
-from ziprl.errors import run_command
 from ziprl.learner.in_process import train
 from ziprl.rundir import apply_run_dir, plan_run_dir
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ziprl.errors import run_command
+from ziprl.boundary import run_command
 from ziprl.paths import atomic_write_text
 from ziprl.view.data import ViewerError, load_run
 from ziprl.view.page import render_page

@@ -1,16 +1,16 @@
 """Watch the scripted teacher: play its episodes through SearchCompressEnv on the shipped sample, print each turn.
 
-    python -m ziprl.demo [--episodes 2] [--strategy adaptive] [--level-scale 0.5]
+    python -m ziprl.watch_teacher [--episodes 2] [--strategy adaptive] [--level-scale 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ziprl.boundary import run_command
 from ziprl.config import STRATEGIES, ConfigError, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
-from ziprl.errors import run_command
 
 
 @run_command

@@ -1,4 +1,8 @@
-"""SearchCompressEnv and its parts. Imports neither torch nor ray."""
+"""SearchCompressEnv and its parts. Imports neither torch nor ray.
+
+The data it works on (passages, hits, QA examples, the ``RetrieverLike`` protocol) and the retriever itself
+are in :mod:`ziprl.retrieval`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from typing import Any
 import gymnasium as gym
 
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.env.types import Hit, Passage, QAExample, RetrieverLike
 
 ENV_ID = "ziprl/SearchCompress-v0"
 
@@ -30,4 +33,4 @@ def register(env_id: str = ENV_ID):
 
 register()
 
-__all__ = ["ENV_ID", "Hit", "Passage", "QAExample", "RetrieverLike", "SearchCompressEnv", "register"]
+__all__ = ["ENV_ID", "SearchCompressEnv", "register"]

@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ziprl.config import ZipRLConfig
-from ziprl.env.datasets import load_dataset, retriever_config_for
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.env.types import QAExample, RetrieverLike
 from ziprl.paths import atomic_path
+from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+from ziprl.retrieval.types import QAExample, RetrieverLike
 
 SCHEMA = pa.schema([("question_id", pa.string()), ("source", pa.string()), ("turn", pa.int32()),
                     ("messages", pa.string()), ("response", pa.string()), ("action", pa.string()),
@@ -69,7 +69,7 @@ def write_demos(rows: list[dict], path: str | Path) -> Path:
 
 def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progress: bool = True) -> tuple[Path, dict]:
     """Synthesize demonstrations for ``cfg.demos.datasets`` and write them to ``cfg.demos.out``."""
-    from ziprl.env.retriever import Retriever
+    from ziprl.retrieval.retriever import Retriever
 
     examples: list[QAExample] = []
     for name in cfg.demos.datasets:

@@ -10,11 +10,11 @@ import gymnasium as gym
 
 from ziprl.config import EnvConfig, RetrieverConfig, ZipRLConfig, check_top_k, from_dict
 from ziprl.env.context import ContextState, Strategy
-from ziprl.env.noise import check_noise_retriever, noise_rng
 from ziprl.env.protocol import ParsedTurn, parse_turn, scrub, unescape
 from ziprl.env.tools import Tool, ToolResult
-from ziprl.env.types import QAExample, RetrieverLike
 from ziprl.registry import STRATEGIES, TOOLS
+from ziprl.retrieval.noise import check_noise_retriever, noise_rng
+from ziprl.retrieval.types import QAExample, RetrieverLike
 from ziprl.scoring import CompressionScore, compression_quality
 
 MAX_TEXT = 10_000_000
@@ -89,7 +89,7 @@ class SearchCompressEnv(gym.Env):
     @property
     def retriever(self) -> RetrieverLike:
         if self._retriever is None:
-            from ziprl.env.retriever import Retriever
+            from ziprl.retrieval.retriever import Retriever
 
             self._retriever = Retriever.from_config(self._retriever_config)
         return self._retriever
@@ -97,7 +97,7 @@ class SearchCompressEnv(gym.Env):
     @property
     def examples(self) -> list[QAExample]:
         if self._examples is None:
-            from ziprl.env.datasets import load_dataset
+            from ziprl.retrieval.datasets import load_dataset
 
             self._examples = load_dataset("sample")
         return self._examples

@@ -254,7 +254,7 @@ def make_tokenized_env(config: dict[str, Any] | None = None) -> TokenizedSearchC
         raise ValueError(f"unknown tokenized-env config key(s) {sorted(unknown)}; known: {list(CONFIG_KEYS)}")
     examples = None
     if config.get("data") is not None:
-        from ziprl.env.datasets import load_dataset
+        from ziprl.retrieval.datasets import load_dataset
 
         d = from_dict(DataConfig, config["data"], "data")
         examples = load_dataset(d.dataset, d.shared_dir, d.limit, d.seed)

@@ -33,13 +33,13 @@ def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
 
 def load_eval_setup(cfg: ZipRLConfig) -> tuple[list, Any, Any]:
     """The questions, retriever and generation engine an evaluation runs with."""
-    from ziprl.env.datasets import load_dataset, retriever_config_for
-    from ziprl.env.retriever import Retriever
     from ziprl.policy import make_engine
+    from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+    from ziprl.retrieval.retriever import Retriever
 
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
-    check_top_k(cfg.env, retriever.num_docs)
+    check_top_k(cfg.env, len(retriever))
     return examples, retriever, make_engine(cfg.model)
 
 

@@ -27,9 +27,9 @@ from typing import Any
 from ziprl.config import SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, save_trajectories
-from ziprl.env.types import QAExample
 from ziprl.policy.hf_engine import HFEngine
 from ziprl.policy.rollout import rollout
+from ziprl.retrieval.types import QAExample
 
 
 def prompt_dataset(examples: Sequence[QAExample]) -> Any:

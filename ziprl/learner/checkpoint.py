@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.learner.distributed import rank, world_size
 from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors

@@ -15,12 +15,12 @@ from ziprl.config import ZipRLConfig, check_top_k
 def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     """Run ``cfg.learner.steps`` GRPO + HRR steps in this process; returns the last step's metrics."""
     from ziprl.env import SearchCompressEnv
-    from ziprl.env.datasets import load_dataset, retriever_config_for
-    from ziprl.env.retriever import Retriever
     from ziprl.learner.loop import LocalLearner, train_loop
     from ziprl.learner.trainer import Trainer
     from ziprl.policy import make_engine, resolve_model_path
     from ziprl.policy.source import InProcessSource
+    from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+    from ziprl.retrieval.retriever import Retriever
     from ziprl.stream import QuestionStream
     from ziprl.tb import MetricsLogger
 

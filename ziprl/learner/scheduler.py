@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ziprl.config import ConfigError
-from ziprl.env.types import QAExample
 from ziprl.learner.capacity import capacity, is_fresh, lag
 from ziprl.policy.source import Completion, Group, RolloutSource
+from ziprl.retrieval.types import QAExample
 from ziprl.stream import QuestionStream
 
 MAX_JOB_FAILURES = 5

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
-from ziprl.errors import UserError
 from ziprl.paths import cache_root
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ziprl.boundary import UserError
 from ziprl.config import DTYPES, ConfigError, ModelConfig
-from ziprl.errors import UserError
 from ziprl.paths import atomic_dir, cache_root
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"

@@ -10,8 +10,8 @@ from tqdm import tqdm
 from ziprl.config import ConfigError, SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.env.types import QAExample
 from ziprl.policy.engine import GenerationEngine
+from ziprl.retrieval.types import QAExample
 
 
 def rollout(
@@ -25,7 +25,8 @@ def rollout(
     max_prompt_tokens: int | None = None,
     progress: bool = False,
 ) -> list[Trajectory]:
-    """Play ``group_size`` episodes per example; returns trajectories grouped by example (GRPO groups).
+    """Play ``group_size`` episodes per example; returns one flat list, example by example (``group_size``
+    consecutive trajectories per example, sharing a ``group_id``; :func:`rollout_groups` splits it into groups).
 
     Every turn, the prompts of all live episodes are generated together (in chunks of ``max_batch``).
     An episode whose prompt exceeds ``max_prompt_tokens`` ends unfinished (context overflow).

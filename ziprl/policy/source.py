@@ -18,9 +18,9 @@ from typing import Any, Protocol
 from ziprl.config import ZipRLConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory
-from ziprl.env.types import QAExample
 from ziprl.policy.engine import GenerationEngine
 from ziprl.policy.rollout import rollout_groups
+from ziprl.retrieval.types import QAExample
 
 Group = list[Trajectory]
 

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ziprl.boundary import UserError, one_line
 from ziprl.env.protocol import parse_turn, unescape
-from ziprl.errors import UserError, one_line
 
 INDEX_COLUMNS = ("id", "qid", "question", "gold", "answer", "reward", "em", "f1", "turns", "strategy", "version",
                  "step", "finished", "errors", "source", "tokens")

@@ -16,7 +16,7 @@ import socket
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ziprl.errors import one_line
+from ziprl.boundary import one_line
 from ziprl.view.data import Run, ViewerError, episode
 from ziprl.view.page import assets, content_security_policy, json_safe, render_page
 

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ziprl.errors import one_line
+from ziprl.boundary import one_line
 from ziprl.view.data import Run, ViewerError
 
 

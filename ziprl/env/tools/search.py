@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ziprl.config import EnvConfig
 from ziprl.env.context import Observation
-from ziprl.env.noise import inject_noise
 from ziprl.env.protocol import format_hits
 from ziprl.env.tools import Tool, ToolResult
 from ziprl.registry import TOOLS
+from ziprl.retrieval.noise import inject_noise
 
 
 @TOOLS.register("search", order=0)

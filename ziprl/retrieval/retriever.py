@@ -1,9 +1,9 @@
 """Dense retrieval over an index directory: batched search (over one or many shards) and ``open``.
 
-An index directory (see :mod:`ziprl.env.index_files`) holds FAISS indexes (inner product over
+An index directory (see :mod:`ziprl.retrieval.index_files`) holds FAISS indexes (inner product over
 L2-normalised float32 vectors = cosine, any FAISS factory type), the passages in a memory-mapped
-store (:mod:`ziprl.env.passage_store`) and ``manifest.json`` (what it was built from). Building is
-:mod:`ziprl.env.index_build`; the encoder is :mod:`ziprl.env.encoder` (torch imported on first use).
+store (:mod:`ziprl.retrieval.passage_store`) and ``manifest.json`` (what it was built from). Building is
+:mod:`ziprl.retrieval.index_build`; the encoder is :mod:`ziprl.retrieval.encoder` (torch imported on first use).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from ziprl.env.encoder import DEFAULT_ENCODER_ID, Encoder, default_model_dir
-from ziprl.env.index_build import adopt_index, build_index, factory_string, set_search_params, to_gpu
-from ziprl.env.index_files import (
+from ziprl.paths import cache_root
+from ziprl.retrieval.encoder import DEFAULT_ENCODER_ID, Encoder, default_model_dir
+from ziprl.retrieval.index_build import adopt_index, build_index, factory_string, set_search_params, to_gpu
+from ziprl.retrieval.index_files import (
     FORMAT_VERSION,
     INDEX_FILE,
     MANIFEST_FILE,
@@ -33,9 +34,8 @@ from ziprl.env.index_files import (
     read_manifest,
     shard_dir,
 )
-from ziprl.env.passage_store import PassageStore, passage_text
-from ziprl.env.types import Hit, Passage
-from ziprl.paths import cache_root
+from ziprl.retrieval.passage_store import PassageStore, passage_text
+from ziprl.retrieval.types import Hit, Passage
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str
                       store_vectors: bool = False) -> Path:
     """``<cache>/index/<corpus stem>-<hash of corpus path and settings>``."""
     corpus = Path(corpus_path).expanduser().resolve()
-    from ziprl.env.datasets import SAMPLE_DIR
+    from ziprl.retrieval.datasets import SAMPLE_DIR
 
     stem = "sample" if corpus.parent == SAMPLE_DIR else corpus.name.split(".")[0]
     settings = [str(corpus), encoder.encoder_id, encoder.query_prefix, encoder.passage_prefix, index_type]
@@ -177,7 +177,7 @@ class Retriever:
         if cfg.corpus is not None:
             corpus = Path(cfg.corpus)
         else:
-            from ziprl.env.datasets import SAMPLE_DIR, corpus_for
+            from ziprl.retrieval.datasets import SAMPLE_DIR, corpus_for
 
             shipped = SAMPLE_DIR / "index"
             default = (factory_string(cfg.index_type) == "Flat" and cfg.shards == 1 and cfg.embeddings is None
@@ -194,13 +194,9 @@ class Retriever:
         return cls.load(out, encoder, cfg.snippet_chars, shards=shards, **search)
 
     def __len__(self) -> int:
-        """Passages in the loaded shards."""
+        """Passages this retriever returns: those of its loaded shards, numbered in shard order for :meth:`hit_at`
+        (the whole index unless :meth:`load` was given ``shards``)."""
         return sum(len(s.store) for s in self.shards)
-
-    @property
-    def num_docs(self) -> int:
-        """Passages in the whole index (all shards, loaded or not)."""
-        return self._total
 
     def _check_k(self, k: int) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self._total:
@@ -263,12 +259,8 @@ class Retriever:
 
     # ------------------------------------------------ random access (env.retrieval_noise draws rows)
 
-    def num_passages(self) -> int:
-        """Passages :meth:`hit_at` reaches: those of the loaded shards, numbered in shard order."""
-        return len(self)
-
     def hit_at(self, row: int) -> Hit:
-        """Passage ``row`` (of :meth:`num_passages`) rendered as a search hit (score 0)."""
+        """Passage ``row`` (0..len(self)-1) rendered as a search hit (score 0)."""
         for shard in self.shards:
             if 0 <= row < len(shard.store):
                 return self._hit(shard.store, row, 0.0)

@@ -24,9 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ziprl.env.corpus import iter_corpus, scan_corpus
-from ziprl.env.encoder import Encoder
-from ziprl.env.index_files import (
+from ziprl.paths import atomic_path, atomic_write_json, replace_dir
+from ziprl.retrieval.corpus import iter_corpus, scan_corpus
+from ziprl.retrieval.encoder import Encoder
+from ziprl.retrieval.index_files import (
     FORMAT_VERSION,
     INDEX_FILE,
     MANIFEST_FILE,
@@ -38,8 +39,7 @@ from ziprl.env.index_files import (
     shard_bounds,
     shard_dir,
 )
-from ziprl.env.passage_store import PassageStore, write_store
-from ziprl.paths import atomic_path, atomic_write_json, replace_dir
+from ziprl.retrieval.passage_store import PassageStore, write_store
 
 log = logging.getLogger(__name__)
 

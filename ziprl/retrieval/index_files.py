@@ -1,7 +1,7 @@
 """The on-disk layout of an index directory, its manifest, and the retriever's errors.
 
 Format 2: ``manifest.json`` (written last) and, for one shard, ``index.faiss`` + the passage store
-(:mod:`ziprl.env.passage_store`) in the directory itself; for N > 1 shards the same files in
+(:mod:`ziprl.retrieval.passage_store`) in the directory itself; for N > 1 shards the same files in
 ``shard-000`` .. ``shard-<N-1>``, each holding a contiguous range of the corpus.
 """
 
@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ziprl.env.passage_store import STORE_FILES
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
+from ziprl.retrieval.passage_store import STORE_FILES
 
 INDEX_FILE, MANIFEST_FILE, VECTORS_FILE = "index.faiss", "manifest.json", "vectors.npy"
 FORMAT_VERSION = 2

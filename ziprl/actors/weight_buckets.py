@@ -1,4 +1,4 @@
-"""The weight wire format: versioned buckets of raw tensor bytes, and the staleness rule.
+"""The weight wire format: versioned buckets of raw tensor bytes (bucket plans, packing, 16-bit wire dtypes).
 
 A push is a sequence of :class:`Bucket` s. Each bucket is ONE flat ``uint8`` buffer holding several tensors
 back to back (offsets aligned to :data:`ALIGN` bytes) plus a small header (:class:`TensorMeta` per tensor:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ziprl.env.corpus import id_hash
-from ziprl.env.types import Passage
+from ziprl.retrieval.corpus import id_hash
+from ziprl.retrieval.types import Passage
 
 PASSAGES_FILE, ID_HASH_FILE, ID_ROW_FILE = "passages.arrow", "id_hash.npy", "id_row.npy"
 STORE_FILES = (PASSAGES_FILE, ID_HASH_FILE, ID_ROW_FILE)
@@ -31,7 +31,7 @@ def passage_text(p: Passage) -> str:
 def write_store(passages: Iterable[Passage], out_dir: Path, id_hashes: np.ndarray, batch_rows: int = BATCH_ROWS) -> int:
     """Stream passages into ``out_dir``'s store files (memory: one batch); returns the row count.
 
-    ``id_hashes`` are :func:`ziprl.env.corpus.id_hash` of the ids in the same order (from ``scan_corpus``).
+    ``id_hashes`` are :func:`ziprl.retrieval.corpus.id_hash` of the ids in the same order (from ``scan_corpus``).
     """
     rows = 0
     cols: list[list[str]] = [[], [], [], []]

@@ -31,11 +31,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ziprl.boundary import UserError
 from ziprl.config import RetrieverConfig, ZipRLConfig
-from ziprl.env.corpus import write_corpus
-from ziprl.env.types import Passage, QAExample
-from ziprl.errors import UserError
 from ziprl.paths import cache_root
+from ziprl.retrieval.corpus import write_corpus
+from ziprl.retrieval.types import Passage, QAExample
 
 log = logging.getLogger(__name__)
 

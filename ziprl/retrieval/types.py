@@ -1,4 +1,5 @@
-"""Plain data types shared by the env, the retriever and the datasets (no torch, no ray)."""
+"""Plain data types of the retrieval layer (passages, hits, QA examples) and the ``RetrieverLike`` protocol the env
+searches through; here so that retrieval and the env (which imports retrieval) share them. No torch, no ray."""
 
 from __future__ import annotations
 
@@ -45,6 +46,6 @@ class RetrieverLike(Protocol):
 
     def open(self, doc_id: str) -> Passage: ...
 
-    def num_passages(self) -> int: ...  # corpus size (for env.retrieval_noise)
+    def __len__(self) -> int: ...  # corpus size (env.retrieval_noise; a known size is checked against env.top_k)
 
-    def hit_at(self, row: int) -> Hit: ...  # passage ``row`` (0..num_passages-1) rendered as search renders it
+    def hit_at(self, row: int) -> Hit: ...  # passage ``row`` (0..len-1) rendered as search renders it

@@ -1,4 +1,5 @@
-"""The one error boundary of every command: bad input is one line on stderr and exit code 2, never a traceback.
+"""The one error boundary of every command (:func:`run_command`), and :class:`UserError`, the base of the errors it
+reports: bad input is one line on stderr and exit code 2, never a traceback.
 
 Decorate a command's ``main(argv)`` with :func:`run_command`. ``--debug`` anywhere in the arguments shows the
 full traceback instead. Errors a user can fix exit with 2: a :class:`UserError` (ConfigError, DatasetError,

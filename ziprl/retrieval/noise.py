@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from ziprl.env.types import Hit, RetrieverLike
+from ziprl.retrieval.types import Hit, RetrieverLike
 
 
 def noise_rng(seed_seq: np.random.SeedSequence) -> np.random.Generator:
@@ -21,10 +21,10 @@ def noise_rng(seed_seq: np.random.SeedSequence) -> np.random.Generator:
 
 def check_noise_retriever(retriever: RetrieverLike) -> None:
     """ValueError unless the retriever offers the random access that noise needs."""
-    missing = [m for m in ("num_passages", "hit_at") if not callable(getattr(retriever, m, None))]
+    missing = [m for m in ("__len__", "hit_at") if not callable(getattr(retriever, m, None))]
     if missing:
-        raise ValueError(f"env.retrieval_noise > 0 needs a retriever with num_passages() and hit_at(row) "
-                         f"(see ziprl.env.types.RetrieverLike); {type(retriever).__name__} lacks {', '.join(missing)}: "
+        raise ValueError(f"env.retrieval_noise > 0 needs a retriever with __len__() and hit_at(row) "
+                         f"(see ziprl.retrieval.types.RetrieverLike); {type(retriever).__name__} lacks {', '.join(missing)}: "
                          "add them or set env.retrieval_noise=0")
 
 
@@ -32,7 +32,7 @@ def inject_noise(hits: list[Hit], p: float, retriever: RetrieverLike, rng: np.ra
     """Hits with each one replaced w.p. ``p`` by a random other passage; returns (hits, ids of injected passages)."""
     if p <= 0.0 or not hits:
         return hits, []
-    n = retriever.num_passages()
+    n = len(retriever)
     if n < 2:
         return hits, []
     out, injected = [], []

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ziprl.env.index_files import RetrieverError
+from ziprl.retrieval.index_files import RetrieverError
 
 DEFAULT_ENCODER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 

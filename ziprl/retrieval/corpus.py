@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ziprl.env.types import Passage
-from ziprl.errors import UserError
+from ziprl.boundary import UserError
 from ziprl.paths import atomic_write_bytes
+from ziprl.retrieval.types import Passage
 
 REQUIRED_FIELDS = ("id", "title", "text")
 
