@@ -96,9 +96,9 @@ def main() -> None:
     from learning import checkpoint_model, read_metrics
 
     from ziprl.config import load_config
-    from ziprl.env.datasets import corpus_for
     from ziprl.evaluation.noise import parse_noise_levels
     from ziprl.learner.sft import stage1_dir
+    from ziprl.retrieval.datasets import corpus_for
 
     out, config = Path(args.out), Path(args.config)
     held_out, run_dir = out / "heldout.jsonl", out / args.run
