@@ -67,7 +67,7 @@ def read_run(run_dir: Path, steps: int) -> list[dict] | None:
 
 def run_one(seed: int, w: float, model: Path, base: list[str], out: Path) -> list[dict]:
     """Per-step metrics of one (seed, w) run; a run finished earlier (same --out) is read, not redone."""
-    from ziprl.learner.in_process import train
+    from ziprl.loop.in_process import train
     from ziprl.rundir import prepare_run_dir
 
     run_dir = out / f"w{w:g}_seed{seed}"

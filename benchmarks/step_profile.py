@@ -50,7 +50,7 @@ PARTS = {  # table column: metrics.jsonl key
 
 def profile(variant: str, args: argparse.Namespace, out: Path) -> dict:
     """Run the steps of one variant; the mean of every part over the steps after the first."""
-    from ziprl.learner.in_process import train
+    from ziprl.loop.in_process import train
 
     model = [f"run.sft_checkpoint={args.model}"] if args.model else []
     cfg = load_config(Path(args.config), [

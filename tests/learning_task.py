@@ -113,7 +113,7 @@ def verdict(metrics: list[dict]) -> dict:
 
 def run_gate(stage1: Path, dataset: Path, out_dir: Path, seed: int, mutation: str | None = None) -> dict:
     """Train the gate's steps through ``ziprl.train``'s production path (optionally mutated); its verdict."""
-    from ziprl.learner.in_process import train
+    from ziprl.loop.in_process import train
 
     with mutated(mutation):
         train(gate_config(dataset, out_dir, stage1, seed), progress=False)
@@ -249,7 +249,7 @@ def hrr_cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 
 
 def run_hrr(stage1: Path, dataset: Path, out_dir: Path, seed: int, w: float) -> dict:
     """Train with HRR weight ``w`` while every reward is 0; the per-step mean Q_com and its change."""
-    from ziprl.learner.in_process import train
+    from ziprl.loop.in_process import train
 
     train(hrr_config(dataset, out_dir, stage1, seed, w), progress=False)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]

@@ -193,7 +193,7 @@ def test_errors_of_resumed_state_are_the_users_to_fix(tmp_path):
     """A broken checkpoint or an empty question set exits 2 with its message, never as an internal error."""
     from ziprl.boundary import UserError
     from ziprl.learner.checkpoint import CheckpointError, verify_checkpoint
-    from ziprl.stream import QuestionStream
+    from ziprl.loop.stream import QuestionStream
 
     (tmp_path / "ck").mkdir()
     with pytest.raises(CheckpointError, match="lacks model.safetensors") as broken:

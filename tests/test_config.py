@@ -2,8 +2,8 @@ import pytest
 
 from tests.conftest import REPO
 from ziprl.config import TRANSPORTS, ConfigError, ZipRLConfig, load_config
+from ziprl.loop.stream import QuestionStream
 from ziprl.retrieval.types import QAExample
-from ziprl.stream import QuestionStream
 
 
 def test_defaults_validate_and_overrides_coerce():

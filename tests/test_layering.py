@@ -5,7 +5,7 @@
 modules it never imports, and those it imports only inside a function (never when it is imported). Every import of
 every module under ``ziprl/`` (top level, inside functions and under ``if TYPE_CHECKING``) is checked against its
 row; the doc's table must say the same, and importing the light layers in a fresh interpreter loads neither torch
-nor Ray. The packages follow DESIGN.md's order: scoring → retrieval → env → policy → learner → actors → cli.
+nor Ray. The packages follow DESIGN.md's order: scoring → retrieval → env → policy → learner → loop → actors → cli.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ENTRY_POINTS = {"ziprl/demos.py", "ziprl/eval.py", "ziprl/index.py", "ziprl/laun
                 "ziprl/sft.py", "ziprl/train.py", "ziprl/view/__main__.py", "ziprl/watch_teacher.py"}
 ENTRY = "<command>.py"
 ROOT = "__init__.py"  # ziprl/__init__.py: empty
-ORDER = ["scoring/", "retrieval/", "env/", "policy/", "learner/", "actors/", "cli/"]  # DESIGN.md's layer order
+ORDER = ["scoring/", "retrieval/", "env/", "policy/", "learner/", "loop/", "actors/", "cli/"]  # DESIGN.md's layer order
 
 HEAVY = frozenset({"torch", "ray", "transformers", "vllm", "deepspeed"})
 GPU_EXTRAS = frozenset({"vllm", "deepspeed"})  # optional: imported only inside functions, everywhere
@@ -48,7 +48,7 @@ def row(may_import=(), never=(), lazy=()) -> Row:
     return Row(frozenset(may_import), frozenset(never), frozenset(lazy) | (GPU_EXTRAS - frozenset(never)))
 
 
-LIBRARY = FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "stream.py", "tb.py", "plots.py", "learner/",
+LIBRARY = FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "tb.py", "plots.py", "learner/", "loop/",
                         "rundir.py", "evaluation/", "view/", "integrations/"}
 LAYERS: dict[str, Row] = {
     "boundary.py": row((), HEAVY),
@@ -59,10 +59,10 @@ LAYERS: dict[str, Row] = {
     "retrieval/": row(FOUNDATION | {"scoring/"}, HEAVY, {"sentence_transformers"}),
     "env/": row(FOUNDATION | {"scoring/", "retrieval/"}, HEAVY, {"sentence_transformers"}),
     "policy/": row(FOUNDATION | {"scoring/", "retrieval/", "env/"}, {"ray", "deepspeed"}),
-    "stream.py": row(FOUNDATION | {"retrieval/"}, HEAVY),
     "tb.py": row((), HEAVY - {"torch"}, {"torch"}),
     "plots.py": row({"env/"}, HEAVY, {"matplotlib"}),
-    "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "stream.py", "tb.py"}, {"ray"}),
+    "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/"}, {"ray"}),
+    "loop/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "learner/", "tb.py"}, HEAVY),
     "rundir.py": row(FOUNDATION | {"learner/"}, HEAVY),
     "evaluation/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "plots.py"}, {"ray"}),
     "view/": row(FOUNDATION | {"env/", "policy/"}, {"ray"}),
@@ -73,7 +73,7 @@ LAYERS: dict[str, Row] = {
     ROOT: row((), HEAVY),
 }
 # the layers whose every module imports neither torch nor Ray (checked in a fresh interpreter)
-LIGHT = ("scoring", "retrieval", "env", "boundary", "paths", "registry", "config", "stream", "tb", "plots", "rundir")
+LIGHT = ("scoring", "retrieval", "env", "loop", "boundary", "paths", "registry", "config", "tb", "plots", "rundir")
 
 
 @dataclass(frozen=True)

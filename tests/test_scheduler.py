@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ziprl.env.trajectory import Trajectory
-from ziprl.learner.capacity import capacity, is_fresh, lag
-from ziprl.learner.scheduler import RolloutScheduler
-from ziprl.policy.source import Completion
+from ziprl.loop.capacity import capacity, is_fresh, lag
+from ziprl.loop.scheduler import RolloutScheduler
+from ziprl.loop.source import Completion
+from ziprl.loop.stream import QuestionStream
 from ziprl.retrieval.types import QAExample
-from ziprl.stream import QuestionStream
 
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(50)]
 

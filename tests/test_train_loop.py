@@ -22,7 +22,7 @@ def _cfg(model, out, steps, resume=False):
 
 
 def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_path):
-    from ziprl.learner.in_process import train
+    from ziprl.loop.in_process import train
 
     straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
     train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)

@@ -1,9 +1,10 @@
 """Ray glue for the training loop: rollout actors as a rollout source, the learner ranks as its learner.
 
-:func:`ziprl.learner.loop.train_loop` runs unchanged on top: :class:`RaySource` runs each scheduled job as one
-``run_batch`` call on a rollout actor (one call in flight per actor), and pushes new weights to every actor
-before the next job starts; :class:`RayLearner` forwards steps and checkpoints to the learner ranks. A rollout
-actor that dies is restarted by Ray; its job comes back failed and the scheduler re-runs it (nothing half-counted).
+:func:`ziprl.loop.training.train_loop` runs unchanged on top: :class:`RaySource` runs each scheduled job as one
+``run_batch`` call on a rollout actor (one call in flight per actor); the weight push is the configured
+:class:`~ziprl.actors.weight_sync.WeightSync`, which every actor applies before its next job; :class:`RayLearner`
+forwards steps and checkpoints to the learner ranks. A rollout actor that dies is restarted by Ray; its job comes
+back failed and the scheduler re-runs it (nothing half-counted).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
-from ziprl.actors.weight_sync import make_weight_sync
+from ziprl.actors.weight_sync import WeightSync
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, from_table, to_table
-from ziprl.policy.source import Completion
+from ziprl.loop.source import Completion
 from ziprl.retrieval.types import QAExample
 
 ROLLOUT_NAME = "ziprl-rollout-{}"
@@ -81,30 +82,32 @@ class RayLearner:
         return position
 
 
-class RaySource:
-    """``ray.num_rollout_actors`` rollout actors, each running one job (``rollout.batch_questions`` questions).
+def start_rollout_actors(cfg: ZipRLConfig, model_path: Path, retriever: Any) -> list[Any]:
+    """``ray.num_rollout_actors`` rollout actors, each with its own engine over ``model_path``."""
+    cpus = rollout_cpus(cfg)
+    return [
+        RolloutActor.options(name=ROLLOUT_NAME.format(i), num_cpus=cpus, num_gpus=cfg.ray.rollout_gpus)
+        .remote(cfg.to_dict(), str(model_path), retriever, i, max(1, int(cpus)))
+        for i in range(cfg.ray.num_rollout_actors)
+    ]
 
-    Weights go out through the configured transport (``weights.transport``, :mod:`ziprl.actors.weight_sync`);
-    every actor applies a pushed version before its next job, so a job submitted after a push never runs on
-    older weights.
+
+class RaySource:
+    """Rollout actors running one job each (``rollout.batch_questions`` questions).
+
+    ``weights`` is the run's weight push: a job is handed what it must load first (:meth:`WeightSync.for_job`),
+    so a job submitted after a push never runs on older weights, and an actor Ray restarted rejoins it.
     """
 
-    def __init__(self, cfg: ZipRLConfig, model_path: Path, retriever: Any, learner: LearnerGroup):
-        self.cfg, self.learner = cfg, learner
-        cpus = rollout_cpus(cfg)
-        self.actors = [
-            RolloutActor.options(name=ROLLOUT_NAME.format(i), num_cpus=cpus, num_gpus=cfg.ray.rollout_gpus)
-            .remote(cfg.to_dict(), str(model_path), retriever, i, max(1, int(cpus)))
-            for i in range(cfg.ray.num_rollout_actors)
-        ]
+    def __init__(self, cfg: ZipRLConfig, actors: list[Any], weights: WeightSync):
+        self.cfg, self.actors, self.weights = cfg, actors, weights
         self.num_workers = len(self.actors)
         self.questions_per_call = cfg.rollout.batch_questions
-        self.sync = make_weight_sync(cfg, learner, self.actors)
         self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # run_batch result -> (ticket, worker)
 
     def submit(self, worker: int, ticket: int, examples: list[QAExample], seed: int) -> None:
-        weights = getattr(self.sync, "latest", None) or self.sync.version  # object store: the ref to load first
-        self._calls[self.actors[worker].run_batch.remote(example_dicts(examples), seed, weights)] = (ticket, worker)
+        call = self.actors[worker].run_batch.remote(example_dicts(examples), seed, self.weights.for_job())
+        self._calls[call] = (ticket, worker)
 
     def wait(self) -> list[Completion]:
         ready, rest = ray.wait(list(self._calls), num_returns=1)
@@ -119,7 +122,7 @@ class RaySource:
                 error = str(exc).strip().splitlines()[-1][:500]
                 try:
                     self._await_restart(worker)
-                    self.sync.rejoin(worker, self.actors[worker])
+                    self.weights.rejoin(worker, self.actors[worker])
                 except RayError as again:  # it cannot come back (e.g. its constructor fails): the job fails again
                     error = str(again).strip().splitlines()[-1][:500]
                 out.append(Completion(ticket, None, error=error))
@@ -140,12 +143,7 @@ class RaySource:
                     raise
                 time.sleep(0.5)
 
-    def sync_weights(self, version: int) -> dict[str, float]:
-        """Push the learner's weights of ``version`` to every actor (applied before each actor's next job)."""
-        return self.sync.push(version)
-
     def close(self) -> None:
-        self.sync.close()
         for a in self.actors:
             ray.kill(a)
         self._calls.clear()

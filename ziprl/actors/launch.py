@@ -3,7 +3,7 @@
 Stage 1 (skipped when ``run.sft_checkpoint`` is set): synthesise scripted-teacher demonstrations and fine-tune
 the policy on them on the learner ranks; cached by configuration (:func:`ziprl.learner.sft.stage1_dir`).
 Stage 2: GRPO + HRR with rollout actors, a Ray Serve retriever and the DeepSpeed learner ranks, driven by the
-one training loop (:func:`ziprl.learner.loop.train_loop`).
+one training loop (:func:`ziprl.loop.training.train_loop`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from ziprl.actors.driver import RayLearner, RaySource, check_gpus
+from ziprl.actors.driver import RayLearner, RaySource, check_gpus, start_rollout_actors
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
+from ziprl.actors.weight_sync import make_weight_sync
 from ziprl.config import ZipRLConfig
 from ziprl.env.demos import build_demos
-from ziprl.learner.loop import train_loop
 from ziprl.learner.sft import stage1_dir
+from ziprl.loop.stream import QuestionStream
+from ziprl.loop.training import train_loop
 from ziprl.retrieval.datasets import load_dataset, retriever_config_for
 from ziprl.rundir import write_config
-from ziprl.stream import QuestionStream
 from ziprl.tb import MetricsLogger
 
 
@@ -58,19 +59,24 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     write_config(out, cfg.to_dict())
     init_ray(cfg.ray)
     logger = MetricsLogger(out)
-    source = None
+    source = push = None
     try:
         check_gpus(cfg)
         model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
         print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
         group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
         group.call("build_trainer", str(model))
-        source = RaySource(cfg, model, deploy_retriever(retriever_config_for(cfg), cfg.ray), group)
-        metrics = train_loop(cfg, RayLearner(group), source, QuestionStream(examples, cfg.data.seed), logger, progress)
+        actors = start_rollout_actors(cfg, model, deploy_retriever(retriever_config_for(cfg), cfg.ray))
+        push = make_weight_sync(cfg, group, actors)
+        source = RaySource(cfg, actors, push)
+        metrics = train_loop(cfg, RayLearner(group), source, push, QuestionStream(examples, cfg.data.seed), logger,
+                             progress)
         print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)
         return metrics
     finally:
         logger.close()
+        if push is not None:
+            push.close()
         if source is not None:
             source.close()
         serve.shutdown()

@@ -72,7 +72,7 @@ class LearnerWorker(SendsWeights):
 
     def train_step(self, tables: list[pa.Table]) -> dict[str, float]:
         """One optimiser step of GRPO + HRR over the given groups of trajectories (+ this rank's peak RSS)."""
-        from ziprl.policy.source import peak_rss_mb
+        from ziprl.loop.source import peak_rss_mb
 
         stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
         return {**stats, "rss_peak_mb": peak_rss_mb()}

@@ -42,8 +42,8 @@ class RolloutWorker(ReceivesWeights):
         collective transport's weights arrive on their own; a version is only informative).
         """
         from ziprl.env import SearchCompressEnv
+        from ziprl.loop.source import job_stats
         from ziprl.policy.rollout import rollout_groups
-        from ziprl.policy.source import job_stats
 
         if isinstance(wref, WeightRef):
             self.update_weights(wref)

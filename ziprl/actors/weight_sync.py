@@ -1,7 +1,8 @@
 """Weight pushes from the learner to the rollout actors: ``weights.transport = object_store | collective``.
 
-The driver uses one :class:`WeightSync` (:func:`make_weight_sync`) and calls ``push(version)`` after each
-learner step, ``rejoin(i, actor)`` when Ray restarted rollout actor ``i``, ``close()`` at the end. Both
+The driver uses one :class:`WeightSync` (:func:`make_weight_sync`), the training loop's
+:class:`~ziprl.loop.push.WeightPush` on Ray: ``push(version)`` after each learner step, ``for_job()`` with each
+rollout job, ``rejoin(i, actor)`` when Ray restarted rollout actor ``i``, ``close()`` at the end. Both
 transports move the same versioned buckets of raw 16-bit (or 32-bit) bytes (:mod:`ziprl.actors.weight_buckets`).
 
 - ``object_store``: learner rank 0 ``ray.put`` s each bucket (a numpy uint8 buffer: numpy, not torch tensors,
@@ -27,7 +28,7 @@ Driver wiring::
 
     sync = make_weight_sync(cfg, learner_group, rollout_actors)   # once, after the actors are created
     stats = sync.push(version)       # after each step (and after a resume): {"seconds", "bytes"}
-    actor.run_batch.remote(examples, seed, version)                # the weights are already on their way
+    actor.run_batch.remote(examples, seed, sync.for_job())         # what the job loads first, if anything
     sync.rejoin(i, actors[i])        # after a RayActorError from actor i (Ray restarted it)
     sync.close()                     # at the end
 
@@ -61,6 +62,7 @@ from ziprl.actors.weight_buckets import (
     unpack,
 )
 from ziprl.config import ZipRLConfig
+from ziprl.loop.push import WeightPush
 from ziprl.registry import ENGINES
 
 # ----------------------------------------------------------------------------- the group (any process)
@@ -348,7 +350,7 @@ class SendsWeights:
 # ----------------------------------------------------------------------------- the driver's end
 
 
-class WeightSync:
+class WeightSync(WeightPush):
     """Pushes the learner's weights to every rollout actor; see the module docstring for the transports."""
 
     def __init__(self, cfg: ZipRLConfig, learner: Any, actors: list[Any]):
@@ -362,6 +364,10 @@ class WeightSync:
     def push(self, version: int, wait: bool = False) -> dict[str, float]:
         """Send the learner's current weights, tagged ``version``, to every actor; {"seconds", "bytes"}."""
         raise NotImplementedError
+
+    def for_job(self) -> WeightRef | int:
+        """What a rollout job is handed: the version pushed last (its weights are already on their way)."""
+        return self.version
 
     def rejoin(self, index: int, actor: Any) -> None:
         raise NotImplementedError
@@ -389,6 +395,10 @@ class ObjectStoreSync(WeightSync):
         self.version = max(self.version, version)
         return {"seconds": time.perf_counter() - t0, "bytes": float(self.latest.nbytes),
                 "put_seconds": self.latest.seconds}
+
+    def for_job(self) -> WeightRef | int:
+        """The latest ref, which the actor loads before the job when it is newer than its weights."""
+        return self.latest or self.version
 
     def rejoin(self, index: int, actor: Any) -> None:
         """A restarted actor is handed the latest version at once."""

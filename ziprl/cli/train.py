@@ -3,8 +3,8 @@
     python -m ziprl.train [--config FILE.yaml] [--steps N] [--out runs/train] [--resume | --overwrite]
                           [--sft-checkpoint DIR] [--set section.field=value ...]
 
-For debugging and small runs (the library is :mod:`ziprl.learner.in_process`); ``python -m ziprl.launch`` runs
-the same loop (``ziprl.learner.loop``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
+For debugging and small runs (the library is :mod:`ziprl.loop.in_process`); ``python -m ziprl.launch`` runs
+the same loop (``ziprl.loop.training``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
 (``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). Each step writes its trajectories (Parquet), TensorBoard scalars and, every
 ``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
 """
@@ -17,7 +17,7 @@ import sys
 from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
-from ziprl.learner.in_process import train
+from ziprl.loop.in_process import train
 from ziprl.rundir import apply_run_dir, plan_run_dir
 
 

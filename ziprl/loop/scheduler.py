@@ -1,9 +1,9 @@
 """Feeds the learner whole GRPO groups from a pool of rollout workers under the staleness-aware capacity rule.
 
-The scheduler knows nothing of Ray or torch: a :class:`~ziprl.policy.source.RolloutSource` runs the jobs (in this process for
+The scheduler knows nothing of Ray or torch: a :class:`~ziprl.loop.source.RolloutSource` runs the jobs (in this process for
 ``ziprl.train``, on Ray rollout actors for ``ziprl.launch``, a simulation in the tests). Its rules:
 
-- Admission (:func:`~ziprl.learner.capacity.capacity`): an idle worker gets a job of up to
+- Admission (:func:`~ziprl.loop.capacity.capacity`): an idle worker gets a job of up to
   ``source.questions_per_call`` questions while fewer than ``(max_staleness + version + 1) * batch`` groups have
   been started and kept. A job is tagged with the learner version at submission; the source guarantees its
   groups are generated with weights at least that new (weights are pushed before the next submission).
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ziprl.config import ConfigError
-from ziprl.learner.capacity import capacity, is_fresh, lag
-from ziprl.policy.source import Completion, Group, RolloutSource
+from ziprl.loop.capacity import capacity, is_fresh, lag
+from ziprl.loop.source import Completion, Group, RolloutSource
+from ziprl.loop.stream import QuestionStream
 from ziprl.retrieval.types import QAExample
-from ziprl.stream import QuestionStream
 
 MAX_JOB_FAILURES = 5
 

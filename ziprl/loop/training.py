@@ -1,8 +1,8 @@
 """The one training loop (the paper's Algorithm 1, Stage 2): groups -> learner step -> weight push -> log.
 
-``ziprl.train`` and ``ziprl.launch`` both run :func:`train_loop`; they differ only in the rollout source they
-plug in (this process's engine, or Ray rollout actors) and the learner (a :class:`LocalLearner`, or the Ray
-learner ranks). Each step: the scheduler hands over ``learner.global_batch_questions`` groups (admitted under
+``ziprl.train`` and ``ziprl.launch`` both run :func:`train_loop`; they differ only in the rollout source, the
+weight push (this process's engine, or Ray rollout actors) and the learner (a :class:`LocalLearner`, or the Ray
+learner ranks) they plug in. Each step: the scheduler hands over ``learner.global_batch_questions`` groups (admitted under
 the staleness-aware capacity rule, oldest version first), the trajectories are written to
 ``<out>/trajectories/step_<n>.parquet``, the learner takes one optimiser step, the new weights are pushed to
 every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_every`` steps a checkpoint stores
@@ -21,9 +21,10 @@ from tqdm import tqdm
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
-from ziprl.learner.scheduler import RolloutScheduler
-from ziprl.policy.source import RolloutSource, peak_rss_mb
-from ziprl.stream import QuestionStream
+from ziprl.loop.push import WeightPush
+from ziprl.loop.scheduler import RolloutScheduler
+from ziprl.loop.source import RolloutSource, peak_rss_mb
+from ziprl.loop.stream import QuestionStream
 
 
 class Learner(Protocol):
@@ -79,8 +80,8 @@ def step_metrics(trajs: list[Trajectory], learn: dict[str, float], system: dict[
             "system/driver_rss_peak_mb": peak_rss_mb()}
 
 
-def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream: QuestionStream, logger: Any,
-               progress: bool = True) -> dict[str, float]:
+def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: WeightPush, stream: QuestionStream,
+               logger: Any, progress: bool = True) -> dict[str, float]:
     """Train until ``cfg.learner.steps`` policy versions (resuming first when ``cfg.run.resume``); last metrics."""
     out = Path(cfg.run.out_dir)
     position = learner.load_latest(out) if cfg.run.resume else None
@@ -88,7 +89,7 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream
         raise ConfigError(f"run.resume is set but {out} holds no checkpoint to resume; drop --resume to start afresh")
     version = learner.version
     if version:  # resumed: the workers start from the checkpoint's weights
-        source.sync_weights(version)
+        push.push(version)
     sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
                              seed=cfg.learner.seed, version=version)
     if position is not None:
@@ -96,7 +97,7 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream
         print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
     bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not progress)
     try:
-        metrics = _steps(cfg, learner, source, sched, logger, bar, out)
+        metrics = _steps(cfg, learner, push, sched, logger, bar, out)
     except KeyboardInterrupt:
         print(f"\n[train] interrupted: checkpoint {learner.save_checkpoint(out, sched.position)}", flush=True)
         raise
@@ -105,7 +106,7 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, stream
     return metrics
 
 
-def _steps(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, sched: RolloutScheduler, logger: Any,
+def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutScheduler, logger: Any,
            bar: tqdm, out: Path) -> dict[str, float]:
     metrics: dict[str, float] = {}
     version, t_step = learner.version, time.perf_counter()
@@ -117,7 +118,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, sched: Rol
         learn = learner.train_step(trajs)
         t1 = time.perf_counter()
         version = learner.version
-        push = source.sync_weights(version)
+        pushed = push.push(version)
         sched.advance(version)
         t2 = time.perf_counter()
         save_trajectories(trajs, out / "trajectories" / f"step_{version:06d}.parquet")
@@ -127,7 +128,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, sched: Rol
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()
-        metrics = step_metrics(trajs, learn, system, lags, cfg.ray.max_staleness, timings, push)
+        metrics = step_metrics(trajs, learn, system, lags, cfg.ray.max_staleness, timings, pushed)
         logger.log(version, metrics)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}",
