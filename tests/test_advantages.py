@@ -7,7 +7,8 @@ import pytest
 
 from ziprl.config import LearnerConfig
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.learner.advantages import compute_advantages, grpo_advantages, hrr_turn_advantages
+from ziprl.learner.advantages import compute_advantages, hrr_turn_advantages
+from ziprl.learner.advantages.grpo_hrr import grpo_advantages
 
 
 def traj(group: str, reward: float, qs: list[float | None]) -> Trajectory:

@@ -16,7 +16,7 @@ from ziprl.learner.batch import (
     response_logprobs,
     response_logprobs_and_entropy,
 )
-from ziprl.learner.losses import policy_loss
+from ziprl.learner.losses.ppo_clip import policy_loss
 
 PAD = 0
 

@@ -6,15 +6,9 @@ import random
 import pytest
 import torch
 
-from ziprl.learner.losses import (
-    clipped_surrogate,
-    entropy_from_logits,
-    k3_kl,
-    policy_loss,
-    token_logprobs,
-    token_weight,
-    truncated_is_weight,
-)
+from ziprl.learner.batch import entropy_from_logits, token_logprobs
+from ziprl.learner.losses import token_weight
+from ziprl.learner.losses.ppo_clip import clipped_surrogate, k3_kl, policy_loss, truncated_is_weight
 
 
 def test_token_logprobs_matches_log_softmax_in_chunks():

@@ -21,7 +21,7 @@ from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
 from ziprl.learner.hardware import cpu_has_bf16
-from ziprl.learner.losses import policy_loss
+from ziprl.learner.losses.ppo_clip import policy_loss
 from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
 from ziprl.learner.trainer import Trainer, tis_cap
 from ziprl.policy.models import load_model, load_tokenizer

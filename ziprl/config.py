@@ -1,7 +1,8 @@
 """Typed configuration for every ZipRL component, in one place.
 
 Importing it needs the standard library and PyYAML only, so any layer (including the torch-free env) may
-import it; :meth:`ZipRLConfig.validate` loads the strategy and reward plug-ins to check their names.
+import it; :meth:`ZipRLConfig.validate` loads the plug-in registries (strategies, rewards, engines, advantage estimators,
+policy losses) to check their names.
 Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides). Every field carries its
 documentation in ``metadata["help"]``; ``python -m ziprl.config --show [--config FILE] [--set a.b=c]`` prints
 the effective config with it (:func:`describe`).
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.boundary import UserError
-from ziprl.registry import ENGINES, REWARDS, STRATEGIES
+from ziprl.registry import ADVANTAGES, ENGINES, LOSS_NORMS, LOSSES, REWARDS, STRATEGIES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
@@ -175,13 +176,22 @@ class LearnerConfig:
                                "GRPO value: 0.2.")
     beta: float = opt(0.001, "weight of the KL penalty to the reference policy (k3 estimator, Eq. J_ZipRL); 0 skips "
                              "the reference model.")
+    advantage_estimator: str = opt("grpo_hrr", "A_i per trajectory, a registered estimator "
+                                                "(ziprl/learner/advantages/): grpo_hrr (the paper's GRPO, Eq. GRPO "
+                                                "advantage) | rloo (leave-one-out baseline) | dr_grpo (Dr. GRPO: no "
+                                                "std division; with loss_norm=constant). HRR's per-turn term is "
+                                                "added to any of them (hrr_weight).")
     hrr_weight: float = opt(0.2, "w in Eq. advantage_adjust, A_ij = A_i + w (Q_ij - Q_bar_i); 0 = plain GRPO. "
                                  "Paper: 0.2.")
     adv_eps: float = opt(1e-6, "added to the group's reward std in the GRPO advantage (> 0).")
     drop_zero_variance_groups: bool = opt(False, "drop groups whose rewards are all equal (DAPO-style dynamic "
                                                  "sampling) instead of training them with zero advantage.")
-    loss_norm: str = opt("trajectory", "trajectory (the paper's 1/G sum_i 1/|o_i|, Eq. J_ZipRL) | token "
-                                       "(mean over all tokens of the batch).")
+    policy_loss: str = opt("ppo_clip", "a registered policy loss (ziprl/learner/losses/): ppo_clip (the ZipRL "
+                                       "objective, Eq. J_ZipRL: clipped surrogate - beta k3 KL, TIS correction).")
+    loss_norm: str = opt("trajectory", "weight of a response token, a registered normalisation: trajectory (the "
+                                       "paper's 1/G sum_i 1/|o_i|, Eq. J_ZipRL) | token (mean over all tokens of "
+                                       "the batch) | constant (Dr. GRPO: 1/(G L), L = env.max_turns x "
+                                       "sampling.max_new_tokens).")
     max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this; 0 = no clipping.")
     zero_stage: int = opt(0, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer state over "
                              "ray.learner_ranks).")
@@ -364,7 +374,12 @@ class ZipRLConfig:
              f"rollout.batch_questions={self.rollout.batch_questions} is more than the {in_flight} groups "
              f"((ray.max_staleness + 1) x learner.global_batch_questions) the staleness rule lets run at once: every "
              f"rollout job would be cut to {in_flight} questions; set rollout.batch_questions <= {in_flight}"),
-            (lr.loss_norm in ("trajectory", "token"), "learner.loss_norm must be 'trajectory' or 'token'"),
+            (lr.advantage_estimator in ADVANTAGES, f"learner.advantage_estimator must be a registered estimator "
+             f"({', '.join(ADVANTAGES)}), got {lr.advantage_estimator!r}"),
+            (lr.policy_loss in LOSSES, f"learner.policy_loss must be a registered loss ({', '.join(LOSSES)}), "
+             f"got {lr.policy_loss!r}"),
+            (lr.loss_norm in LOSS_NORMS, f"learner.loss_norm must be a registered normalisation "
+             f"({', '.join(LOSS_NORMS)}), got {lr.loss_norm!r}"),
             (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
             (lr.rollout_correction in ("auto", "tis", "off"),
              f"learner.rollout_correction must be auto, tis or off, got {lr.rollout_correction!r}"),

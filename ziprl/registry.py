@@ -1,10 +1,11 @@
-"""Extension points: context strategies, tools, outcome rewards and generation engines register themselves by
-name (as verl registers its advantage estimators).
+"""Extension points: context strategies, tools, outcome rewards, generation engines, advantage estimators, policy
+losses (and their normalisations) and named datasets register themselves by name (as verl registers its advantage
+estimators).
 
 Each registry owns a package; the first lookup imports every module of that package (found with pkgutil),
-and each module registers its entry with a decorator, e.g. ``@STRATEGIES.register("window")``. Adding a
-strategy, a tool, a reward or an engine is one new file in ``ziprl/env/strategies/``, ``ziprl/env/tools/``,
-``ziprl/scoring/rewards/`` or ``ziprl/policy/engines/``. Stdlib only, so the config may validate names against it.
+and each module registers its entry with a decorator, e.g. ``@STRATEGIES.register("window")``. Adding one is one
+new file in the registry's package (below). Stdlib only, so the config may validate names against it; a
+registration module therefore imports nothing heavy at import time.
 """
 
 from __future__ import annotations
@@ -76,3 +77,6 @@ STRATEGIES = Registry("context strategy", "ziprl.env.strategies")
 TOOLS = Registry("tool", "ziprl.env.tools")
 REWARDS = Registry("outcome reward", "ziprl.scoring.rewards")
 ENGINES = Registry("generation engine", "ziprl.policy.engines")
+ADVANTAGES = Registry("advantage estimator", "ziprl.learner.advantages")
+LOSSES = Registry("policy loss", "ziprl.learner.losses")
+LOSS_NORMS = Registry("loss normalisation", "ziprl.learner.losses")  # shares the losses' package

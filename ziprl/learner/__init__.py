@@ -1,6 +1,8 @@
-"""Learner: advantages (GRPO + HRR), token-level losses, the DeepSpeed trainer, checkpoints, SFT cold start.
+"""Learner: trajectories -> one optimiser step -> named weights. Advantages (registered estimators, GRPO + HRR by
+default), token-level losses (registered), the DeepSpeed trainer, checkpoints, SFT cold start.
 
-Names are imported on first use, so ``ziprl.learner.advantages`` (pure numpy) stays free of torch.
+Names are imported on first use, so ``ziprl.learner.advantages`` (pure numpy) and the registration modules stay
+free of torch.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "AdvantageResult": "advantages",
     "compute_advantages": "advantages",
-    "policy_loss": "losses",
+    "policy_loss": "losses.ppo_clip",
     "build_rows": "batch",
     "make_micro_batches": "batch",
     "Trainer": "trainer",

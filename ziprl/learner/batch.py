@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
-from ziprl.learner.losses import entropy_from_logits, token_logprobs, token_weight
+from ziprl.learner.losses import token_weight
 from ziprl.policy.kv import cache_kwarg, prefix_cache, shared_prefix_len
 
 
@@ -83,12 +83,14 @@ def build_rows(
     turn_advantages: Sequence[Sequence[float]],
     norm: str,
     max_seq_len: int | None = None,
+    budget: int = 0,
 ) -> list[TurnRow]:
     """One row per turn with a non-empty response, for one optimiser batch (the weights normalise over it).
 
     ``norm="trajectory"``: weight 1/(G |o_i|) with G = len(trajectories) (the paper; equals its 1/Q sum_q 1/G
     sum_i when every group has G samples) and |o_i| the trajectory's response tokens over all turns;
-    ``norm="token"``: 1/N with N all response tokens of the batch.
+    ``norm="token"``: 1/N with N all response tokens of the batch; ``norm="constant"``: 1/(G L) with L =
+    ``budget``, the most response tokens a trajectory may have (Dr. GRPO).
 
     Trajectories of zero-variance groups (A_GRPO = 0) stay in G and N, by decision: under HRR (w > 0) their turns
     still carry w (Q_ij - Q_bar_i), and under beta > 0 every token carries the KL term, so they are rarely
@@ -130,7 +132,7 @@ def build_rows(
                     response_start=len(prompt),
                     old_logp=[float(x) for x in turn.logprobs],
                     advantage=float(adv),
-                    weight=token_weight(traj.num_response_tokens, len(trajectories), total, norm),
+                    weight=token_weight(traj.num_response_tokens, len(trajectories), total, norm, budget),
                     traj_index=i,
                     truncated=cut,
                 )
@@ -174,6 +176,32 @@ def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: i
 def computed_tokens(batch: MicroBatch) -> int:
     """Tokens the forward actually runs: the shared prefix once, every row's other real tokens."""
     return int(batch.attention_mask[:, batch.prefix_len :].sum()) + batch.prefix_len
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, chunk_rows: int = 1024) -> Tensor:
+    """log softmax(logits)[target] in float32, as logit[target] - logsumexp(logits), ``chunk_rows`` rows at a time.
+
+    Never materialises the full log-softmax; peak temporaries are one float32 chunk of [chunk_rows, V].
+    """
+    flat, tgt = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    out = []
+    for s in range(0, flat.size(0), chunk_rows):
+        z = flat[s : s + chunk_rows].float()
+        out.append(z.gather(-1, tgt[s : s + chunk_rows, None]).squeeze(-1) - torch.logsumexp(z, dim=-1))
+    return (
+        torch.cat(out).reshape(targets.shape) if out else flat.new_zeros(targets.shape, dtype=torch.float32)
+    )
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: Tensor, chunk_rows: int = 1024) -> Tensor:
+    """Per-position entropy H = logsumexp(z) - sum softmax(z) z (float32, chunked, no grad; for logging)."""
+    flat = logits.reshape(-1, logits.size(-1))
+    out = []
+    for s in range(0, flat.size(0), chunk_rows):
+        z = flat[s : s + chunk_rows].float()
+        out.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
+    return torch.cat(out).reshape(logits.shape[:-1]) if out else flat.new_zeros(logits.shape[:-1])
 
 
 def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:

@@ -51,10 +51,9 @@ from ziprl.learner.batch import (
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.hardware import bf16_pays, gemm_peak_flops, model_flop_utilisation
-from ziprl.learner.losses import policy_loss
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
-from ziprl.registry import ENGINES
+from ziprl.registry import ENGINES, LOSSES
 
 if TYPE_CHECKING:
     from ziprl.learner.sft import SFTRow
@@ -155,15 +154,18 @@ class Trainer:
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One optimiser step of the ZipRL objective over ``trajectories`` (whole groups of G samples).
 
-        Advantages (GRPO per trajectory + HRR per turn) -> turn rows -> micro-batches -> token-level clipped
-        surrogate with beta * k3 KL to the reference -> one update. Returns the step's statistics; ``kl`` is 0
+        Advantages (``learner.advantage_estimator`` per trajectory + HRR per turn) -> turn rows -> micro-batches ->
+        the policy loss (``learner.policy_loss``; by default the token-level clipped surrogate with beta * k3 KL to
+        the reference) -> one update. Returns the step's statistics; ``kl`` is 0
         when beta = 0 (no reference model). A batch whose groups were all dropped (zero variance) takes no step.
         """
         start = time.perf_counter()
         lc = self.cfg.learner
         adv = compute_advantages(trajectories, lc)
         stats = {k: adv.stats[k] for k in ("adv_mean", "adv_std", "hrr_abs_mean", "zero_variance_frac")}
-        rows = build_rows(adv.trajectories, adv.turn_advantages, lc.loss_norm)
+        rows = build_rows(adv.trajectories, adv.turn_advantages, lc.loss_norm,
+                          budget=self.cfg.env.max_turns * self.cfg.sampling.max_new_tokens)
+        policy_loss = LOSSES[lc.policy_loss]
         if not rows:
             return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
 
