@@ -17,7 +17,7 @@ from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import HIT_MARK
 from ziprl.env.scripted import ScriptedTeacher
-from ziprl.env.trajectory import LEGACY_SCHEMAS, Trajectory, Turn, load_trajectories, save_trajectories
+from ziprl.env.trajectory import SCHEMA, Trajectory, Turn, load_trajectories, save_trajectories
 from ziprl.evaluation.noise import injected_fraction, parse_noise_levels
 from ziprl.retrieval.noise import inject_noise
 from ziprl.retrieval.types import Hit, Passage, QAExample
@@ -134,10 +134,12 @@ def test_trajectory_noise_fields_round_trip_and_old_files_load(tmp_path):
                                             Turn(action="open", retrieved=1)])
     back = load_trajectories(save_trajectories([t], tmp_path / "new.parquet"))
     assert back == [t] and injected_fraction(back) == pytest.approx(2 / 3)
+    noise = ("retrieved", "noisy_hits", "noise_doc_ids")  # turn columns added after the first file format
     old = dataclasses.asdict(t)
-    old["turns"] = [{k: v for k, v in turn.items() if k not in ("retrieved", "noisy_hits", "noise_doc_ids")}
-                    for turn in old["turns"]]
-    pq.write_table(pa.Table.from_pylist([old], schema=LEGACY_SCHEMAS[0]), tmp_path / "old.parquet")
+    old["turns"] = [{k: v for k, v in turn.items() if k not in noise} for turn in old["turns"]]
+    old_turn = pa.struct([f for f in SCHEMA.field("turns").type.value_type if f.name not in noise])
+    old_schema = SCHEMA.set(SCHEMA.get_field_index("turns"), pa.field("turns", pa.list_(old_turn)))
+    pq.write_table(pa.Table.from_pylist([old], schema=old_schema), tmp_path / "old.parquet")
     (loaded,) = load_trajectories(tmp_path / "old.parquet")
     assert [(u.action, u.retrieved, u.noisy_hits, u.noise_doc_ids) for u in loaded.turns] == [
         ("search", 0, 0, []), ("open", 0, 0, [])]

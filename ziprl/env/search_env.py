@@ -51,7 +51,8 @@ class SearchCompressEnv(gym.Env):
 
     Reward is 0 until ``<answer>``, then the outcome reward ``config.reward`` (EM, F1, ...) against the gold
     answers. The context strategy (``config.strategy``) and the tools come from :mod:`ziprl.registry`.
-    ``info`` carries the turn's action, level, Q_com and its parts, errors, sizes and the next chat ``messages``.
+    ``info`` carries the turn's action, level, Q_com and its parts, errors, sizes and the next chat ``messages``;
+    the rollout records every ``step`` field of :class:`ziprl.env.trajectory.Turn` from it, by name.
     """
 
     metadata = {"render_modes": ["ansi"]}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,45 +14,63 @@ import pyarrow.parquet as pq
 from ziprl.paths import atomic_path
 
 
+def column(arrow: pa.DataType, default: Any = MISSING, *, factory: Any = MISSING, step: bool = False) -> Any:
+    """A record field and its Parquet column type; ``step``: the env's ``step()`` reports it in ``info`` under the
+    field's name, and the rollout copies it from there."""
+    return field(default=default, default_factory=factory, metadata={"arrow": arrow, "step": step})
+
+
 @dataclass
 class Turn:
-    """One assistant turn: what the learner trains on plus what was observed and scored."""
+    """One assistant turn: what the learner trains on plus what was observed and scored.
 
-    prompt_ids: list[int] = field(default_factory=list)
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # behaviour log-probs, one per response token
-    response_text: str = ""
-    action: str = ""  # search | open | answer | invalid
-    level: int | None = None
-    q_com: float | None = None  # None when the turn had no pending observation (HRR term 0)
-    q_ratio: float | None = None
-    q_level: float | None = None
-    q_info: float | None = None
-    q_sem: float | None = None
-    format_error: str | None = None
-    observation_chars: int = 0  # size of the raw observation this turn compressed
-    context_chars: int = 0  # size of the prompt's text context
-    prompt_tokens: int = 0
-    response_tokens: int = 0
-    retrieved: int = 0  # passages in the observation this turn's action returned (k for search, 1 for open)
-    noisy_hits: int = 0  # how many of them env.retrieval_noise replaced by random corpus passages
-    noise_doc_ids: list[str] = field(default_factory=list)  # the injected passages' ids
+    Every field is declared once, here: its Parquet column follows from ``column``, and a ``step`` field is copied
+    from the env's ``info`` by the rollout (:meth:`from_step`), so a new per-turn number the env (or a tool's
+    ``ToolResult.metrics``) reports is one line below. Files written before a field existed load with its default.
+    """
+
+    prompt_ids: list[int] = column(pa.list_(pa.int32()), factory=list)
+    response_ids: list[int] = column(pa.list_(pa.int32()), factory=list)
+    logprobs: list[float] = column(pa.list_(pa.float32()), factory=list)  # behaviour log-probs, one per response token
+    response_text: str = column(pa.string(), "")
+    action: str = column(pa.string(), "", step=True)  # a tool's name | invalid
+    level: int | None = column(pa.int8(), None, step=True)
+    q_com: float | None = column(pa.float64(), None, step=True)  # None: no pending observation (HRR term 0)
+    q_ratio: float | None = column(pa.float64(), None, step=True)
+    q_level: float | None = column(pa.float64(), None, step=True)
+    q_info: float | None = column(pa.float64(), None, step=True)
+    q_sem: float | None = column(pa.float64(), None, step=True)
+    format_error: str | None = column(pa.string(), None, step=True)
+    observation_chars: int = column(pa.int64(), 0, step=True)  # size of the raw observation this turn compressed
+    context_chars: int = column(pa.int64(), 0)  # size of the prompt's text context
+    prompt_tokens: int = column(pa.int64(), 0)
+    response_tokens: int = column(pa.int64(), 0)
+    retrieved: int = column(pa.int64(), 0, step=True)  # passages this turn's action returned (k for search, 1 for open)
+    noisy_hits: int = column(pa.int64(), 0, step=True)  # how many of them env.retrieval_noise replaced by random ones
+    noise_doc_ids: list[str] = column(pa.list_(pa.string()), factory=list, step=True)  # the injected passages' ids
+
+    @classmethod
+    def from_step(cls, info: dict[str, Any], **rest: Any) -> Turn:
+        """The turn from a ``step()``'s ``info`` (every ``step`` field it reports, lists copied) and ``rest``."""
+        reported = {f.name: copy.copy(info[f.name]) for f in fields(cls) if f.metadata["step"] and f.name in info}
+        return cls(**reported, **rest)
 
 
 @dataclass
 class Trajectory:
-    question_id: str
-    question: str
-    answers: list[str]
-    group_id: str = ""
-    sample_index: int = 0
-    policy_version: int = 0
-    reward: float = 0.0
-    em: float = 0.0
-    f1: float = 0.0
-    finished: bool = False
-    strategy: str = "adaptive"
-    turns: list[Turn] = field(default_factory=list)
+    question_id: str = column(pa.string())
+    question: str = column(pa.string())
+    answers: list[str] = column(pa.list_(pa.string()))
+    group_id: str = column(pa.string(), "")
+    sample_index: int = column(pa.int32(), 0)
+    policy_version: int = column(pa.int64(), 0)
+    reward: float = column(pa.float64(), 0.0)
+    em: float = column(pa.float64(), 0.0)
+    f1: float = column(pa.float64(), 0.0)
+    finished: bool = column(pa.bool_(), False)
+    strategy: str = column(pa.string(), "adaptive")
+    turns: list[Turn] = column(pa.list_(pa.struct([(f.name, f.metadata["arrow"]) for f in fields(Turn)])),
+                               factory=list)
 
     @property
     def num_response_tokens(self) -> int:
@@ -58,48 +78,20 @@ class Trajectory:
         return sum(len(t.response_ids) for t in self.turns)
 
 
-_TURN_FIELDS_V1 = [
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("logprobs", pa.list_(pa.float32())),
-    ("response_text", pa.string()),
-    ("action", pa.string()),
-    ("level", pa.int8()),
-    ("q_com", pa.float64()),
-    ("q_ratio", pa.float64()),
-    ("q_level", pa.float64()),
-    ("q_info", pa.float64()),
-    ("q_sem", pa.float64()),
-    ("format_error", pa.string()),
-    ("observation_chars", pa.int64()),
-    ("context_chars", pa.int64()),
-    ("prompt_tokens", pa.int64()),
-    ("response_tokens", pa.int64()),
-]
-_NOISE_FIELDS = [("retrieved", pa.int64()), ("noisy_hits", pa.int64()), ("noise_doc_ids", pa.list_(pa.string()))]
+SCHEMA = pa.schema([(f.name, f.metadata["arrow"]) for f in fields(Trajectory)])
 
 
-def _schema(turn_fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
-    return pa.schema(
-        [
-            ("question_id", pa.string()),
-            ("question", pa.string()),
-            ("answers", pa.list_(pa.string())),
-            ("group_id", pa.string()),
-            ("sample_index", pa.int32()),
-            ("policy_version", pa.int64()),
-            ("reward", pa.float64()),
-            ("em", pa.float64()),
-            ("f1", pa.float64()),
-            ("finished", pa.bool_()),
-            ("strategy", pa.string()),
-            ("turns", pa.list_(pa.struct(turn_fields))),
-        ]
-    )
-
-
-SCHEMA = _schema(_TURN_FIELDS_V1 + _NOISE_FIELDS)
-LEGACY_SCHEMAS = (_schema(_TURN_FIELDS_V1),)  # files written before the noise fields: they load with defaults
+def readable(schema: pa.Schema) -> bool:
+    """A trajectory file of this or an earlier version: the same record columns, and turn columns that are a subset
+    of today's (the missing ones load with their defaults)."""
+    if schema.names != SCHEMA.names or any(schema.field(n).type != SCHEMA.field(n).type for n in SCHEMA.names
+                                           if n != "turns"):
+        return False
+    turn = schema.field("turns").type
+    if not pa.types.is_list(turn) or not pa.types.is_struct(turn.value_type):
+        return False
+    now = {f.name: f.type for f in SCHEMA.field("turns").type.value_type}
+    return all(now.get(f.name) == f.type for f in turn.value_type)
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:
@@ -127,6 +119,6 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
     if not path.is_file():
         raise FileNotFoundError(f"trajectory file {path} does not exist")
     table = pq.read_table(path)
-    if not any(table.schema.equals(s, check_metadata=False) for s in (SCHEMA, *LEGACY_SCHEMAS)):
+    if not readable(table.schema):
         raise ValueError(f"{path} is not a ZipRL trajectory file (schema differs: {table.schema.names})")
     return from_table(table)

@@ -56,14 +56,10 @@ def rollout(
             gens = engine.generate([prompts[i] for i in chunk], sampling, seed=seed * 100_003 + step * 1_009 + start)
             for i, gen in zip(chunk, gens, strict=True):
                 _, reward, terminated, truncated, info = envs[i].step(gen.text)
-                trajs[i].turns.append(Turn(
-                    prompt_ids=list(gen.prompt_ids), response_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
-                    response_text=gen.text, action=info["action"], level=info["level"], q_com=info["q_com"],
-                    q_ratio=info["q_ratio"], q_level=info["q_level"], q_info=info["q_info"], q_sem=info["q_sem"],
-                    format_error=info["format_error"], observation_chars=info["observation_chars"],
-                    context_chars=infos[i]["context_chars"], prompt_tokens=len(gen.prompt_ids),
-                    response_tokens=len(gen.token_ids), retrieved=info["retrieved"], noisy_hits=info["noisy_hits"],
-                    noise_doc_ids=list(info["noise_doc_ids"])))
+                trajs[i].turns.append(Turn.from_step(
+                    info, prompt_ids=list(gen.prompt_ids), response_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
+                    response_text=gen.text, context_chars=infos[i]["context_chars"], prompt_tokens=len(gen.prompt_ids),
+                    response_tokens=len(gen.token_ids)))
                 infos[i] = info
                 if terminated or truncated:
                     tr = trajs[i]
