@@ -34,7 +34,9 @@ from _common import RESULTS, write_results  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from ziprl.env.scripted import rank_sentences, relevance_level, select_sentences  # noqa: E402
-from ziprl.retrieval.datasets import context_paragraphs, load_dataset, shared_file  # noqa: E402
+from ziprl.retrieval.datasets import load_dataset, shared_file  # noqa: E402
+from ziprl.retrieval.sets import hotpotqa, musique  # noqa: E402
+from ziprl.retrieval.sets.pooled import context_paragraphs  # noqa: E402
 from ziprl.scoring import level_spec, normalize_answer  # noqa: E402
 from ziprl.scoring.allocation import (  # noqa: E402
     answer_present,
@@ -51,18 +53,18 @@ UNIFORM_LEVEL = 3  # the uniform baseline's level shape (env.uniform_level's def
 METRICS = ("answer_present", "support_recall", "q_info")
 
 
-def _read(key: str) -> list[dict]:
-    with gzip.open(shared_file(key), "rt", encoding="utf-8") as f:
+def _read(rel: str) -> list[dict]:
+    with gzip.open(shared_file(rel), "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
 def supporting_sentences() -> dict[str, list[str]]:
     """Question id -> its gold supporting sentences (see module doc)."""
     out: dict[str, list[str]] = {}
-    for r in _read("hotpot_train"):
+    for r in _read(hotpotqa.TRAIN):
         sents = {title: s for title, s in r["context"]}
         out[r["_id"]] = [sents[t][i] for t, i in r["supporting_facts"] if t in sents and i < len(sents[t])]
-    for r in _read("musique_train"):
+    for r in _read(musique.TRAIN):
         found = []
         for hop in r["question_decomposition"]:
             text = r["paragraphs"][hop["paragraph_support_idx"]]["paragraph_text"]

@@ -5,7 +5,7 @@
 Picks the first N HotpotQA-train and N MuSiQue-train questions (HippoRAG subsets) with short, non yes/no
 answers, keeps every paragraph of their contexts, and fills the corpus up to --passages with a seeded
 random draw of the other pooled-corpus passages (HotpotQA dev, MuSiQue, wiki18) as distractors.
-Passage ids and texts are those of the pooled corpus (ziprl.retrieval.datasets.pooled_passages).
+Passage ids and texts are those of the pooled corpus (ziprl.retrieval.sets.pooled.pooled_passages).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import sys
 from pathlib import Path
 
 from ziprl.retrieval.corpus import load_corpus, write_corpus
-from ziprl.retrieval.datasets import (
-    context_paragraphs,
-    default_shared_dir,
-    load_hotpot_train,
-    load_musique_train,
-    pooled_passages,
-    shared_file,
-    write_qa_jsonl,
-)
+from ziprl.retrieval.datasets import default_shared_dir, shared_file, write_qa_jsonl
+from ziprl.retrieval.sets.hotpotqa import TRAIN as HOTPOT_TRAIN
+from ziprl.retrieval.sets.hotpotqa import load_hotpot_train
+from ziprl.retrieval.sets.musique import TRAIN as MUSIQUE_TRAIN
+from ziprl.retrieval.sets.musique import load_musique_train
+from ziprl.retrieval.sets.pooled import context_paragraphs, pooled_passages
 from ziprl.retrieval.types import QAExample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +56,7 @@ the MuSiQue parts are additionally under CC BY 4.0 (attribution above).
   supporting titles = the titles in `supporting_facts`; MuSiQue answers = answer + answer_aliases,
   supporting titles = titles of the `is_supporting` paragraphs. Questions are whitespace-stripped.
 - Passages: HotpotQA sentences joined; the dev distractor file's paragraphs ("<title>. <text>") split
-  into title and text by a heuristic (`ziprl.retrieval.datasets.split_title`); wiki18 `contents` split into
+  into title and text by a heuristic (`ziprl.retrieval.sets.hotpotqa.split_title`); wiki18 `contents` split into
   the quoted title line and the text; all whitespace runs collapsed to one space; passages with the
   same (title, text) de-duplicated; ids derived from the source (`hotpot-train-<n>`,
   `musique-train-<n>`, `hotpot-dev-<question>-<paragraph>`, `wiki18-<id>`).
@@ -93,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pooled = pooled_passages(shared)
     by_key = {(p.title, p.text): i for i, p in enumerate(pooled)}
-    hotpot = [e for e in load_hotpot_train(shared_file("hotpot_train", shared)) if short(e, args.max_words)]
-    musique = [e for e in load_musique_train(shared_file("musique_train", shared)) if short(e, args.max_words)]
+    hotpot = [e for e in load_hotpot_train(shared_file(HOTPOT_TRAIN, shared)) if short(e, args.max_words)]
+    musique = [e for e in load_musique_train(shared_file(MUSIQUE_TRAIN, shared)) if short(e, args.max_words)]
     hotpot, musique = hotpot[:args.per_source], musique[:args.per_source]
 
     # every context paragraph of the chosen questions, located in the pooled corpus by (title, text)

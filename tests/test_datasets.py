@@ -9,28 +9,32 @@ from pathlib import Path
 
 import pytest
 
+from ziprl.registry import DATASETS
 from ziprl.retrieval.corpus import load_corpus
 from ziprl.retrieval.datasets import (
-    FILES,
     SHARED_ENV,
     DatasetError,
-    context_paragraphs,
     corpus_for,
     default_shared_dir,
-    hotpot_distractor_paragraphs,
     load_dataset,
-    load_hotpot_dev,
-    load_hotpot_distractor,
-    load_hotpot_train,
-    load_musique_dev,
-    load_musique_train,
     load_qa_jsonl,
-    load_squad_dev,
     shared_file,
-    split_title,
-    wiki18_passages,
     write_qa_jsonl,
 )
+from ziprl.retrieval.sets import hotpotqa, hotpotqa_dev, musique, musique_dev, wiki18
+from ziprl.retrieval.sets import squad as squad_set
+from ziprl.retrieval.sets.hotpotqa import (
+    hotpot_distractor_paragraphs,
+    load_hotpot_distractor,
+    load_hotpot_train,
+    split_title,
+)
+from ziprl.retrieval.sets.hotpotqa_dev import load_hotpot_dev
+from ziprl.retrieval.sets.musique import load_musique_train
+from ziprl.retrieval.sets.musique_dev import load_musique_dev
+from ziprl.retrieval.sets.pooled import context_paragraphs
+from ziprl.retrieval.sets.squad import load_squad_dev
+from ziprl.retrieval.sets.wiki18 import wiki18_passages
 from ziprl.retrieval.types import QAExample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,27 +175,27 @@ def test_split_title(paragraph, title):
 
 def test_hotpot_loaders():
     shared = _shared()
-    train = load_hotpot_train(shared_file("hotpot_train", shared))
+    train = load_hotpot_train(shared_file(hotpotqa.TRAIN, shared))
     assert len(train) == 100 and all(e.supporting_titles and e.answers[0] for e in train)
     assert train[0].supporting_titles == ["Alû", "Lilu (mythology)"]
-    dev = load_hotpot_distractor(shared_file("hotpot_distractor", shared))
+    dev = load_hotpot_distractor(shared_file(hotpotqa.DISTRACTOR, shared))
     assert len(dev) == 300 and dev[0].answers == ["yes"] and not dev[0].supporting_titles
-    pars = hotpot_distractor_paragraphs(shared_file("hotpot_distractor", shared))
+    pars = hotpot_distractor_paragraphs(shared_file(hotpotqa.DISTRACTOR, shared))
     assert pars[0][1][0] == "Scott Derrickson" and sum(map(len, pars.values())) > 2900
-    qa = load_hotpot_dev(shared_file("hotpot_dev", shared))
+    qa = load_hotpot_dev(shared_file(hotpotqa_dev.DEV, shared))
     assert len(qa) == 7405 and qa[0].question.startswith("Were Scott Derrickson")
 
 
 def test_musique_squad_wiki18_loaders():
     shared = _shared()
-    train = load_musique_train(shared_file("musique_train", shared))
+    train = load_musique_train(shared_file(musique.TRAIN, shared))
     assert len(train) == 100 and all(1 <= len(e.supporting_titles) <= 4 for e in train)
     assert train[0].answers == ["G. Stanley Hall", "Stanley Hall"]  # answer + aliases
-    dev = load_musique_dev(shared_file("musique_dev", shared))
+    dev = load_musique_dev(shared_file(musique_dev.DEV, shared))
     assert len(dev) == 2417 and dev[0].answers == ["Miquette Giraudy"]
-    squad = load_squad_dev(shared_file("squad_dev", shared))
+    squad = load_squad_dev(shared_file(squad_set.DEV, shared))
     assert len(squad) == 10570 and squad[0].answers == ["Denver Broncos"]
-    wiki = wiki18_passages(shared_file("wiki18", shared))
+    wiki = wiki18_passages(shared_file(wiki18.PASSAGES, shared))
     assert len(wiki) == 1000 and wiki[0].title == "Evan Morris" and not wiki[0].text.startswith('"')
 
 
@@ -231,4 +235,34 @@ def test_pooled_corpus_is_materialised_once(tmp_path, caplog):
 
 def test_all_shared_files_listed_exist():
     shared = _shared()
-    assert all((shared / rel).is_file() for rel in FILES.values())
+    assert all((shared / rel).is_file() for name in DATASETS for rel in DATASETS[name].files)
+
+
+# ---------------------------------------------------------------- the registry of named datasets
+
+
+def test_every_name_is_registered_in_order():
+    assert DATASETS.names() == ("sample", "hotpotqa", "musique", "pooled", "hotpotqa-dev", "musique-dev", "squad",
+                                "wiki18")
+    assert [n for n in DATASETS if DATASETS[n].open_domain] == ["hotpotqa-dev", "musique-dev", "squad"]
+
+
+def test_a_dataset_registered_in_a_test_is_all_it_takes(tmp_path, monkeypatch):
+    """One spec: load_dataset, limit and corpus_for take its name; a spec may share another dataset's corpus."""
+    from ziprl.retrieval.datasets import DatasetSpec
+
+    qa = write_qa_jsonl([QAExample(f"t{i}", f"Question {i}?", [str(i)]) for i in range(4)], tmp_path / "qa.jsonl")
+    DATASETS.names()
+    spec = DatasetSpec(lambda shared_dir: load_qa_jsonl(qa), "sample", open_domain=True)
+    monkeypatch.setitem(DATASETS._entries, "tiny-set", (50, spec))
+    assert [e.id for e in load_dataset("tiny-set")] == ["t0", "t1", "t2", "t3"]
+    assert len(load_dataset("tiny-set", limit=2)) == 2
+    assert corpus_for("tiny-set") == corpus_for("sample")
+
+
+def test_only_dataset_names_may_hold_hyphens():
+    from ziprl.registry import Registry
+
+    with pytest.raises(ValueError, match=r"lower-case identifier \(a-z, 0-9, _\)"):
+        Registry("thing", "nowhere").register("a-b")
+    Registry("set", "nowhere", hyphens=True).register("a-b")(object())

@@ -17,20 +17,24 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_HYPHENATED_RE = re.compile(r"^[a-z][a-z0-9_-]*$")  # dataset names: "hotpotqa-dev"
 
 
 class Registry(Mapping[str, Any]):
     """A read-only name -> entry mapping filled by the modules of ``package``; iterates in (order, name) order."""
 
-    def __init__(self, kind: str, package: str):
+    def __init__(self, kind: str, package: str, hyphens: bool = False):
         self.kind, self.package = kind, package
+        self._name_re = _HYPHENATED_RE if hyphens else _NAME_RE
         self._entries: dict[str, tuple[int, Any]] = {}
         self._loaded = False
 
     def register(self, name: str, order: int = 100) -> Callable[[Any], Any]:
-        """Decorator: register the decorated object under ``name`` (lower-case identifier; ``order`` sorts)."""
-        if not _NAME_RE.match(name):
-            raise ValueError(f"{self.kind} name {name!r} must be a lower-case identifier (a-z, 0-9, _)")
+        """Decorator: register the decorated object under ``name`` (lower-case identifier, with hyphens where the
+        registry allows them; ``order`` sorts)."""
+        if not self._name_re.match(name):
+            allowed = "a-z, 0-9, _, -" if self._name_re is _HYPHENATED_RE else "a-z, 0-9, _"
+            raise ValueError(f"{self.kind} name {name!r} must be a lower-case identifier ({allowed})")
 
         def add(obj: Any) -> Any:
             if name in self._entries and self._entries[name][1] is not obj:
@@ -80,3 +84,4 @@ ENGINES = Registry("generation engine", "ziprl.policy.engines")
 ADVANTAGES = Registry("advantage estimator", "ziprl.learner.advantages")
 LOSSES = Registry("policy loss", "ziprl.learner.losses")
 LOSS_NORMS = Registry("loss normalisation", "ziprl.learner.losses")  # shares the losses' package
+DATASETS = Registry("named dataset", "ziprl.retrieval.sets", hyphens=True)

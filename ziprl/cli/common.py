@@ -47,15 +47,16 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     embedding paths must exist.
     """
     from ziprl.policy.models import check_model_paths
+    from ziprl.registry import DATASETS
     from ziprl.retrieval.corpus import CorpusError, iter_corpus
-    from ziprl.retrieval.datasets import NAMES, corpus_for, load_dataset
+    from ziprl.retrieval.datasets import corpus_for, load_dataset
     from ziprl.retrieval.index_files import RetrieverError
 
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     r = cfg.retriever
     corpus = r.corpus
-    if corpus is None and r.index_dir is None and cfg.data.dataset not in NAMES:
+    if corpus is None and r.index_dir is None and cfg.data.dataset not in DATASETS:
         corpus = str(corpus_for(cfg.data.dataset))  # a QA file's neighbour (a lookup, nothing is built)
     if corpus is not None and next(iter_corpus(corpus), None) is None:
         raise CorpusError(f"corpus {corpus} is empty; it needs at least one passage line")
