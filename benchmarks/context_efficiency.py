@@ -44,7 +44,7 @@ class LoopingTeacher(ScriptedTeacher):
             head = "<think>keep searching</think>"
         else:
             head = f'<compress level="{level}">{note}</compress>'
-        if pending is not None and pending.label.startswith("search") and "[" in pending.text:
+        if pending is not None and pending.tool == "search" and "[" in pending.text:
             doc = pending.text.split("]", 1)[0].lstrip("[")
             return head + f"<open>{doc}</open>"
         words = ex.question.split()

@@ -15,13 +15,12 @@ from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
 from ziprl.env.search_env import render_messages
+from ziprl.env.spans import answer_spans, question_phrases
 from ziprl.env.tokenized import (
     HeuristicCandidates,
     TokenizedSearchCompressEnv,
-    answer_spans,
     encode_messages,
     make_tokenized_env,
-    question_phrases,
 )
 from ziprl.registry import STRATEGIES
 from ziprl.retrieval.types import Passage, QAExample

@@ -25,6 +25,7 @@ class Observation:
     turn: int
     label: str  # e.g. 'search "who founded x"' or 'open doc-12'
     text: str
+    tool: str = ""  # the tool that returned it (the env sets it)
 
 
 @dataclass(frozen=True)

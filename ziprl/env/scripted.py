@@ -1,4 +1,5 @@
-"""A scripted teacher: searches the supporting titles, opens them, compresses extractively, answers gold.
+"""A scripted teacher: searches the supporting titles, opens them, compresses extractively, answers gold; each
+action comes from the registered tools' demonstration hooks (:meth:`ziprl.env.tools.Tool.demonstrate`).
 
 Used for the demo episode, integration tests, the context-efficiency benchmark and cold-start
 demonstrations. It reads the env's pending observation and example; it never sees anything a model
@@ -7,8 +8,10 @@ would not (apart from the gold answer and supporting titles it is scripted to us
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ziprl.env.context import Observation
-from ziprl.env.protocol import HIT_MARK, escape, parse_hits
+from ziprl.env.protocol import HIT_MARK, escape
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.scoring.keywords import extract_keywords, sentences
 from ziprl.scoring.levels import level_spec
@@ -57,26 +60,37 @@ def extractive_note(question: str, answers: list[str], text: str, low: int, high
     return select_sentences(sents, order, low, high)
 
 
+@dataclass
+class DemoPlan:
+    """The scripted teacher's state in one episode, which the tools' demonstration hooks read and update."""
+
+    question: str
+    answers: list[str]
+    todo: list[str]  # supporting titles still to find and read, in order
+    retried: bool = False  # todo[0] was searched a second time, with the question appended
+    to_open: str | None = None  # the doc id search found for the title it just finished, for open to play
+    opened: set[str] = field(default_factory=set)
+    played: list[tuple[str, str]] = field(default_factory=list)  # (tool, argument) of every action so far
+
+
 class ScriptedTeacher:
     """Plays one episode in a SearchCompressEnv: call ``respond(env)`` after reset and after every step.
 
-    For each supporting title it searches the title; if no hit carries that title it searches once more
-    with the question appended, then opens the best match (or the top hit).
+    Each turn it writes an extractive note of the pending observation, then asks the tools' demonstration hooks
+    (:meth:`ziprl.env.tools.Tool.demonstrate`) in registry order and plays the first argument one returns; on the
+    last turn only terminal tools are asked. The built-in hooks: ``search`` looks each supporting title up (once
+    more with the question appended when no hit carries the title), ``open`` opens the best match (or the top
+    hit), ``answer`` answers gold.
     """
 
     def __init__(self, max_titles: int = 4):
         self.max_titles = max_titles
-        self._todo: list[str] = []
-        self._retried = False
-        self._opened: set[str] = set()
-        self._question = ""
+        self.plan: DemoPlan | None = None
 
     def _start(self, env: SearchCompressEnv) -> None:
         ex = env.example
-        self._question = ex.question
-        self._todo = list(dict.fromkeys(ex.supporting_titles))[: self.max_titles] or [ex.question]
-        self._retried = False
-        self._opened = set()
+        self.plan = DemoPlan(ex.question, list(ex.answers),
+                             list(dict.fromkeys(ex.supporting_titles))[: self.max_titles] or [ex.question])
 
     def _note(self, env: SearchCompressEnv, obs: Observation) -> tuple[int, str]:
         ex, scale = env.example, env.config.scoring.level_scale
@@ -86,30 +100,23 @@ class ScriptedTeacher:
         return level, extractive_note(ex.question, ex.answers, text, spec.char_low, spec.char_high)
 
     def respond(self, env: SearchCompressEnv) -> str:
-        if env.turn == 0 or env.example.question != self._question:
+        if env.turn == 0 or self.plan is None or env.example.question != self.plan.question:
             self._start(env)
         pending = env.context.pending
         if pending is None:
-            level, note = 1, f"I need to find: {self._question}"
+            level, note = 1, f"I need to find: {self.plan.question}"
         else:
             level, note = self._note(env, pending)
-        return f'<compress level="{level}">{escape(note)}</compress>\n' + self._next_action(env, pending)
+        return f'<compress level="{level}">{escape(note)}</compress>\n' + self._next_action(env)
 
-    def _next_action(self, env: SearchCompressEnv, pending: Observation | None) -> str:
+    def _next_action(self, env: SearchCompressEnv) -> str:
         last_turn = env.turn >= env.config.max_turns - 1
-        if pending is not None and pending.label.startswith("search") and self._todo and not last_turn:
-            target = self._todo[0]
-            hits = parse_hits(pending.text)
-            match = next((doc for doc, title in hits if title.strip().lower() == target.lower()), None)
-            if match is None and not self._retried:
-                self._retried = True
-                return f"<search>{escape(target)} {escape(self._question)}</search>"
-            self._todo.pop(0)
-            self._retried = False
-            match = match or (hits[0][0] if hits else None)
-            if match and match not in self._opened:
-                self._opened.add(match)
-                return f"<open>{escape(match)}</open>"
-        if self._todo and not last_turn:
-            return f"<search>{escape(self._todo[0])}</search>"
-        return f"<answer>{escape(env.example.answers[0])}</answer>"
+        for name, tool in env.tools.items():
+            if last_turn and not tool.terminal:
+                continue
+            argument = tool.demonstrate(self.plan, env)
+            if argument is not None:
+                self.plan.played.append((name, argument))
+                return f"<{name}>{escape(argument)}</{name}>"
+        raise RuntimeError(f"no tool's demonstration hook played turn {env.turn + 1} (the teacher needs a terminal "
+                           "tool that always answers, as answer does)")

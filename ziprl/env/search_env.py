@@ -145,9 +145,12 @@ class SearchCompressEnv(gym.Env):
     def _act(self, parsed: ParsedTurn) -> ToolResult:
         """Run the turn's tool; a ValueError it raises becomes a tool error for the agent."""
         try:
-            return self.tools[parsed.action].run(self, unescape(parsed.argument), parsed.argument)
+            result = self.tools[parsed.action].run(self, unescape(parsed.argument), parsed.argument)
         except ValueError as exc:
             return ToolResult(error=f"the {parsed.action} tool rejected the request: {exc}")
+        if result.observation is None:
+            return result
+        return dataclasses.replace(result, observation=dataclasses.replace(result.observation, tool=parsed.action))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:

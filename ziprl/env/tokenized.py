@@ -16,7 +16,6 @@ callable text -> ids) is passed in.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -26,22 +25,11 @@ import numpy as np
 
 from ziprl.config import DataConfig, ModelConfig, from_dict
 from ziprl.env.chat import chat_ids
-from ziprl.env.protocol import HIT_LINE_RE, escape, parse_hits
+from ziprl.env.protocol import HIT_LINE_RE, escape
 from ziprl.env.scripted import extractive_note
 from ziprl.env.search_env import SearchCompressEnv, render_messages
-from ziprl.scoring.keywords import extract_keywords, sentences, stopwords
 from ziprl.scoring.levels import level_spec
-from ziprl.scoring.metrics import normalize_answer
 
-_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
-_SPAN_RES = (
-    re.compile(rf"\b{_MONTH} \d{{1,2}}, \d{{4}}\b|\b\d{{1,2}} {_MONTH} \d{{4}}\b"),  # dates
-    re.compile(r"\b[A-Z][\w'’-]*(?:(?:\s+(?:of|the|de|von|van))?\s+[A-Z][\w'’-]*)*"),  # capitalised phrases
-    re.compile(r"\b\d[\d,]*(?:\.\d+)?\b"),  # numbers and years
-)
-_PHRASE_RE = re.compile(r"\b[A-Z][\w'’-]*(?:\s+[A-Z][\w'’-]*)*")
-_YES_NO = {"is", "are", "was", "were", "do", "does", "did", "can", "could", "has", "have", "had", "will", "would",
-           "should"}
 CONFIG_KEYS = ("env", "retriever", "data", "max_len", "num_candidates", "levels", "tokenizer", "vocab_size")
 
 
@@ -51,91 +39,29 @@ class CandidateGenerator(Protocol):
     def candidates(self, env: SearchCompressEnv) -> list[str]: ...
 
 
-def _strip_stopwords(phrase: str) -> str:
-    """Drop leading and trailing stop words ("Were Scott Derrickson" -> "Scott Derrickson")."""
-    words, stop = phrase.split(), stopwords()
-    while words and words[0].lower() in stop:
-        words.pop(0)
-    while words and words[-1].lower() in stop:
-        words.pop()
-    return " ".join(words)
-
-
-def question_phrases(question: str) -> list[str]:
-    """Capitalised phrases of the question (stop words trimmed), in order, de-duplicated."""
-    return list(dict.fromkeys(p for p in map(_strip_stopwords, _PHRASE_RE.findall(question)) if p))
-
-
-def is_yes_no(question: str) -> bool:
-    """True for questions that open with an auxiliary verb ("Were ...?", "Is ...?")."""
-    first = question.split()[:1]
-    return bool(first) and first[0].lower() in _YES_NO
-
-
-def answer_spans(question: str, texts: Sequence[str], limit: int) -> list[str]:
-    """Short answer spans (dates, capitalised phrases, numbers) found in ``texts``, best first.
-
-    A span ranks by the question keywords its sentence shares, then by position; spans made only of the
-    question's own words are skipped. Yes/no questions get "yes" and "no" first.
-    """
-    qk, q_words = extract_keywords(question), set(normalize_answer(question).split())
-    scored: list[tuple[int, int, str]] = []
-    for text in texts:
-        for line in text.splitlines():
-            for sent in sentences(HIT_LINE_RE.sub(r"\2", line)):
-                overlap, taken = len(qk & extract_keywords(sent)), set()
-                for pattern in _SPAN_RES:  # in priority order: a span inside an earlier one is skipped
-                    for m in pattern.finditer(sent):
-                        if taken & set(range(*m.span())):
-                            continue
-                        taken |= set(range(*m.span()))
-                        span = _strip_stopwords(m.group(0).strip(" ,"))
-                        norm = normalize_answer(span).split()
-                        if norm and not set(norm) <= q_words:
-                            scored.append((-overlap, len(scored), span))
-    spans = ["yes", "no"] if is_yes_no(question) else []
-    seen = {normalize_answer(s) for s in spans}
-    for _, _, span in sorted(scored):
-        if normalize_answer(span) not in seen:
-            seen.add(normalize_answer(span))
-            spans.append(span)
-    return spans[:limit]
-
-
 class HeuristicCandidates:
     """Deterministic candidates read off the current observation (never the gold answer).
 
-    Actions, interleaved search / open / answer: search the question and each capitalised phrase of it
-    (not searched yet), open each doc id of pending search results (not opened yet), answer with spans of
-    the pending observation and memory. Each action first appears with a ``levels[0]`` note, then with the
-    next levels, until ``n``; the list is padded with repeats. A note is an extractive compression of the
+    Actions: every registered tool's candidate arguments (:meth:`ziprl.env.tools.Tool.candidates`), interleaved
+    in registry order; the built-in ones search the question and each capitalised phrase of it (not searched
+    yet), open each doc id of pending search results (not opened yet), answer with spans of the pending
+    observation and memory. Each action first appears with a ``levels[0]`` note, then with the next levels,
+    until ``n``; the list is padded with repeats. A note is an extractive compression of the
     pending observation within the level's character range (a one-line plan when nothing is pending).
     """
 
-    def __init__(self, n: int = 8, levels: Sequence[int] = (1, 3), max_answers: int = 6):
+    def __init__(self, n: int = 8, levels: Sequence[int] = (1, 3)):
         if n < 1:
             raise ValueError(f"num_candidates must be >= 1, got {n}")
         if not levels or any(not 1 <= g <= 5 for g in levels):
             raise ValueError(f"levels must be a non-empty list of integers 1..5, got {list(levels)}")
-        self.n, self.levels, self.max_answers = n, tuple(levels), max_answers
+        self.n, self.levels = n, tuple(levels)
 
     def actions(self, env: SearchCompressEnv) -> list[str]:
-        """The distinct action tags, interleaved by kind."""
-        question, ctx = env.example.question, env.context
-        done = {n.label for n in ctx.memory} | ({ctx.pending.label} if ctx.pending else set())
-        queries = dict.fromkeys(" ".join(q.split()) for q in [question, *question_phrases(question)])
-        searches = [q for q in queries if f'search "{q[:200]}"' not in done]
-        opens = []
-        if ctx.pending is not None and ctx.pending.label.startswith("search"):
-            ids = dict.fromkeys(doc for doc, _ in parse_hits(ctx.pending.text))
-            opens = [doc for doc in ids if f"open {doc}" not in done]
-        texts = ([ctx.pending.text] if ctx.pending else []) + [n.text for n in reversed(ctx.memory)]
-        answers = answer_spans(question, texts, self.max_answers)
-        kinds = [[f"<search>{escape(q)}</search>" for q in searches],
-                 [f"<open>{escape(doc)}</open>" for doc in opens],
-                 [f"<answer>{escape(a)}</answer>" for a in answers]]
+        """The distinct action tags, interleaved by tool; searching the question again when no tool offers one."""
+        kinds = [[f"<{name}>{escape(a)}</{name}>" for a in tool.candidates(env)] for name, tool in env.tools.items()]
         interleaved = [k[i] for i in range(max(map(len, kinds))) for k in kinds if i < len(k)]
-        return interleaved or [f"<search>{escape(question)}</search>"]
+        return interleaved or [f"<search>{escape(env.example.question)}</search>"]
 
     def notes(self, env: SearchCompressEnv) -> list[tuple[int, str]]:
         """(level, note) pairs, one per distinct level the env will score."""

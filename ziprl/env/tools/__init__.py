@@ -1,7 +1,9 @@
 """Tools (the action tags), one module each, registered in :data:`ziprl.registry.TOOLS` when first looked up.
 
 A new tool is one module here: subclass :class:`Tool`, decorate it with ``@TOOLS.register("tag")``; the
-parser, the system prompt, the engines' stop strings and the eval statistics pick it up.
+parser, the system prompt, the engines' stop strings and the eval statistics pick it up. Two optional hooks bring
+it into the scripted teacher's Stage 1 demonstrations (:meth:`Tool.demonstrate`) and the tokenized env's candidate
+turns (:meth:`Tool.candidates`); a tool without them is offered to the model but never demonstrated.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from ziprl.config import EnvConfig
 from ziprl.env.context import Observation
 
 if TYPE_CHECKING:
+    from ziprl.env.scripted import DemoPlan
     from ziprl.env.search_env import SearchCompressEnv
 
 
@@ -42,6 +45,21 @@ class Tool:
         """Call the tool with the unescaped ``argument`` (``written``: as the agent wrote it); a ValueError
         becomes a tool error the agent sees."""
         raise NotImplementedError
+
+    def demonstrate(self, plan: DemoPlan, env: SearchCompressEnv) -> str | None:
+        """The argument the scripted teacher plays with this tool on this turn, or None to leave the turn to the
+        next tool (in registry order). It may read and update ``plan``. Default: never demonstrated."""
+        return None
+
+    def candidates(self, env: SearchCompressEnv) -> list[str]:
+        """The arguments the tokenized env offers with this tool on this turn, best first. Default: none."""
+        return []
+
+
+def seen_labels(env: SearchCompressEnv) -> set[str]:
+    """The labels of the observations the agent has in context: its notes' and the pending one's."""
+    ctx = env.context
+    return {n.label for n in ctx.memory} | ({ctx.pending.label} if ctx.pending else set())
 
 
 def closing_tags() -> list[str]:
