@@ -27,7 +27,6 @@ from _common import write_results  # noqa: E402
 
 from tests.learning_task import (  # noqa: E402
     MUTATIONS,
-    build_tiny_llama,
     cold_start,
     hrr_cold_start,
     run_gate,
@@ -45,7 +44,7 @@ def main() -> None:
     ap.add_argument("--name", default="learning_gate")
     args = ap.parse_args()
     from ziprl.config import ModelConfig
-    from ziprl.policy.models import resolve_model_path
+    from ziprl.policy.models import build_tiny_llama, resolve_model_path
 
     seeds = [int(s) for s in args.seeds.split(",") if s]
     muts = list(MUTATIONS) if args.mutations == "all" else [] if args.mutations == "none" else args.mutations.split(",")

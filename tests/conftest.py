@@ -77,7 +77,7 @@ def default_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer (real token ids, fast steps)."""
-    from tests.learning_task import build_tiny_llama
+    from ziprl.policy.models import build_tiny_llama
 
     return build_tiny_llama(default_model_dir, tmp_path_factory.mktemp("tiny-llama"))
 

@@ -24,23 +24,6 @@ QUESTIONS = ("Which colour is the sky over the sea at noon?", "Name a colour tha
              "What colour should the new door be?", "Pick one colour for the team shirts.")
 
 
-def build_tiny_llama(tokenizer_dir: Path, path: Path) -> Path:
-    """A 2-layer, hidden-64 random Llama with the tokenizer of ``tokenizer_dir`` (real token ids, fast steps)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from ziprl.policy.models import load_tokenizer
-
-    tok = load_tokenizer(tokenizer_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def write_dataset(path: Path) -> Path:
     """The gate's questions as a unified-schema JSONL file, with a one-passage-per-colour corpus beside it."""
     lines = [json.dumps({"id": f"gate-{i}", "question": q, "answers": [GOLD]}) for i, q in enumerate(QUESTIONS)]

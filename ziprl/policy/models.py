@@ -219,3 +219,19 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", tr
         trust_remote_code=trust_remote_code,
     )
     return model.to(resolve_device(device)).eval()
+
+
+def build_tiny_llama(tokenizer_dir: str | Path, path: str | Path) -> Path:
+    """A 2-layer, hidden-64 random Llama with the tokenizer of ``tokenizer_dir`` written to ``path``: real token ids
+    and steps of milliseconds, for examples and tests (it writes noise)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(tokenizer_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return Path(path)
