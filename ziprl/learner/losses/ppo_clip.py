@@ -56,7 +56,7 @@ def policy_loss(
     """Negated ZipRL objective of one micro-batch: -sum_t weight_t (m_t - beta KL_t) over response tokens.
 
     All inputs are [B, T] and aligned; ``mask`` is 1 on response tokens only, ``weight`` comes from
-    ``token_weight`` (it holds the 1/(G|o_i|) or 1/N normalisation). A ``ref_logp`` with ``beta = 0`` is
+    ``token_weight`` (it holds the normalisation ``learner.loss_norm`` names, e.g. the paper's 1/(G|o_i|)). A ``ref_logp`` with ``beta = 0`` is
     used for the KL statistic only. Stats are token means over this micro-batch plus its token count, and
     ``mismatch_abs_mean``/``_max``: |log pi_learner - log pi_rollout| per response token.
 
