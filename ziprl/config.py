@@ -1,8 +1,8 @@
 """Typed configuration for every ZipRL component, in one place.
 
 Importing it needs the standard library and PyYAML only, so any layer (including the torch-free env) may
-import it; :meth:`ZipRLConfig.validate` loads the plug-in registries (strategies, rewards, engines, advantage estimators,
-policy losses) to check their names.
+import it; :meth:`ZipRLConfig.validate` loads the plug-in registries (strategies, rewards, engines, advantage
+estimators, policy losses and normalisations) to check their names.
 Load with :func:`load_config` (YAML file, then ``section.field=value`` overrides). Every field carries its
 documentation in ``metadata["help"]``; ``python -m ziprl.config --show [--config FILE] [--set a.b=c]`` prints
 the effective config with it (:func:`describe`).

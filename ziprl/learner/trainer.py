@@ -156,8 +156,8 @@ class Trainer:
 
         Advantages (``learner.advantage_estimator`` per trajectory + HRR per turn) -> turn rows -> micro-batches ->
         the policy loss (``learner.policy_loss``; by default the token-level clipped surrogate with beta * k3 KL to
-        the reference) -> one update. Returns the step's statistics; ``kl`` is 0
-        when beta = 0 (no reference model). A batch whose groups were all dropped (zero variance) takes no step.
+        the reference) -> one update. Returns the step's statistics; ``kl`` is 0 when beta = 0 (no reference
+        model). A batch whose groups were all dropped (zero variance) takes no step.
         """
         start = time.perf_counter()
         lc = self.cfg.learner
