@@ -1,7 +1,7 @@
 """Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issue 21, part 2).
 
-    python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps 8]
-                                  [--eval-every 4] [--eval-limit 100] [--out runs/learning] [--workers 2]
+    python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps N]
+                                  [--eval-every K] [--eval-limit 30] [--out runs/learning] [--workers 2]
 
 Questions, all over the pooled corpus (HotpotQA + MuSiQue passages, 6,850):
 - training: HotpotQA train (100) + MuSiQue train (100) + HotpotQA dev-distractor questions 0-199;
@@ -275,8 +275,8 @@ def main() -> None:
     ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps)")
-    ap.add_argument("--eval-every", type=int, default=4, help="evaluate every K-th step's checkpoint")
-    ap.add_argument("--eval-limit", type=int, default=len(HELD_OUT), help="the first N held-out questions only")
+    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: the last only)")
+    ap.add_argument("--eval-limit", type=int, default=30, help=f"the first N of the {len(HELD_OUT)} held-out questions")
     ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
     ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
     ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
@@ -295,7 +295,8 @@ def main() -> None:
     train_path, held_path, corpus = split_questions(out, args.eval_limit)
     demo_questions = check_demos_disjoint(model, held_path)
     steps = args.steps or load_config(config, []).learner.steps
-    eval_steps = [0, *range(args.eval_every, steps + 1, args.eval_every)]
+    every = args.eval_every or steps
+    eval_steps = [0, *range(every, steps + 1, every)]
     if eval_steps[-1] != steps:
         eval_steps.append(steps)
     names = [f"w{w:g}_seed{seed}" for seed in seeds for w in WEIGHTS]  # seed-major: each seed's pair side by side
@@ -304,7 +305,7 @@ def main() -> None:
         w, seed = float(name[1:name.index("_")]), int(name.rsplit("seed", 1)[1])
         overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
                      f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
-                     f"run.sft_checkpoint={model}", f"run.checkpoint_every={args.eval_every}",
+                     f"run.sft_checkpoint={model}", f"run.checkpoint_every={every}",
                      "run.keep_checkpoints=0", "model.num_threads=1"]
         if (cmd := rl_command(config, overrides, out / name)) is not None:
             jobs.append((name, cmd))

@@ -1,14 +1,16 @@
 """The paper's comparisons with a model that answers: every context strategy, with and without retrieval noise, for
 the Stage-1 model and an RL checkpoint of ``benchmarks/learning.py``, on its held-out questions (issue 21, part 3).
 
-    python benchmarks/learning_compare.py [--out runs/learning] [--run w0.2_seed0] [--step N] [--limit 50]
-                                          [--noise 0,0.5,1] [--strategies adaptive,uniform,react,summary,window]
+    python benchmarks/learning_compare.py [--out runs/learning] [--run w0.2_seed0] [--step N] [--limit 20]
+                                          [--noise 0,1] [--strategies adaptive,uniform,react,summary,window]
 
 Reads what ``benchmarks/learning.py`` left under ``--out`` (the held-out split, the Stage-1 model, the run's
-checkpoints), runs ``ziprl.evaluation.noise.noise_sweep`` for both models on the same questions and seeds, and
+checkpoints), runs the noise sweep (``python -m ziprl.eval --noise``, one process per model and strategy, one torch
+thread each, ``--workers`` at a time) for both models on the same questions and seeds, and
 writes ``benchmarks/results/learning_compare.{json,md}`` and ``learning_compare.png``. Two of the paper's claims are
 checked and reported as measured: adaptive's tokens per trajectory <= 0.5x ReAct's at >= ReAct's F1 (no noise), and
 adaptive's F1 falls least as the noise rises. Finished sweeps under ``--out/compare`` are read, not redone.
+The defaults (20 questions, noise 0 and 1) fit this 2-core machine: each cell is one 20-question evaluation.
 """
 
 from __future__ import annotations
@@ -29,20 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = ("f1", "em", "tokens_per_trajectory", "turns", "searches", "q_com", "format_error_rate")
 
 
-def sweep(config: Path, model: Path, held_out: Path, corpus: Path, strategies: list[str], levels: list[float],
-          limit: int, out: Path) -> dict:
-    """The noise sweep of one model (read from ``out/noise.json`` when it finished earlier)."""
-    from ziprl.config import load_config
-    from ziprl.evaluation.noise import noise_sweep
-
+def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy: str, levels: list[float],
+              limit: int, out: Path) -> list[str] | None:
+    """The ``ziprl.eval --noise`` command of one model and strategy, or None when ``out/noise.json`` holds it."""
     done = out / "noise.json"
-    if done.is_file():
-        report = json.loads(done.read_text())
-        if all(f"{p:g}" in report["results"].get(s, {}) for s in strategies for p in levels):
-            return report["results"]
-    cfg = load_config(config, [f"model.path={model}", f"data.dataset={held_out}", f"retriever.corpus={corpus}",
-                               f"data.limit={limit}", "rollout.group_size=1", "data.seed=0"])
-    return noise_sweep(cfg, strategies, levels, out, progress=True)
+    if done.is_file() and all(f"{p:g}" in json.loads(done.read_text())["results"].get(strategy, {}) for p in levels):
+        return None
+    return [sys.executable, "-m", "ziprl.eval", "--config", str(config), "--model", str(model), "--dataset",
+            str(held_out), "--limit", str(limit), "--samples", "1", "--seed", "0", "--strategy", strategy,
+            "--noise", ",".join(f"{p:g}" for p in levels), "--out", str(out), "--set", f"retriever.corpus={corpus}",
+            "--set", "model.num_threads=1"]
 
 
 def claims(results: dict, levels: list[float]) -> list[dict]:
@@ -89,11 +87,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
     ap.add_argument("--run", default="w0.2_seed0", help="the RL run under --out whose checkpoint is compared")
     ap.add_argument("--step", type=int, help="its checkpoint step (default: the run's last)")
-    ap.add_argument("--limit", type=int, default=50, help="the first N held-out questions")
-    ap.add_argument("--noise", default="0,0.5,1")
+    ap.add_argument("--limit", type=int, default=20, help="the first N held-out questions")
+    ap.add_argument("--noise", default="0,1")
     ap.add_argument("--strategies", default="adaptive,uniform,react,summary,window")
+    ap.add_argument("--workers", type=int, default=2, help="evaluations at a time (one torch thread each)")
     args = ap.parse_args()
-    from learning import checkpoint_model, read_metrics
+    from learning import checkpoint_model, read_metrics, run_parallel
 
     from ziprl.config import load_config
     from ziprl.evaluation.noise import parse_noise_levels
@@ -109,9 +108,13 @@ def main() -> None:
     models = {"Stage 1": stage1, f"RL {args.run} step {step}": checkpoint_model(run_dir, step, stage1)}
     levels, strategies = parse_noise_levels(args.noise), args.strategies.split(",")
     t0 = time.perf_counter()
-    results = {name: sweep(config, path, held_out, corpus_for("pooled"), strategies, levels, args.limit,
-                           out / "compare" / ("stage1" if name == "Stage 1" else f"{args.run}_step{step}"))
-               for name, path in models.items()}
+    dirs = {(name, s): out / "compare" / ("stage1" if name == "Stage 1" else f"{args.run}_step{step}") / s
+            for name in models for s in strategies}
+    jobs = [(f"compare_{d.parent.name}_{s}", cmd) for (name, s), d in dirs.items()
+            if (cmd := sweep_job(config, models[name], held_out, corpus_for("pooled"), s, levels, args.limit, d))]
+    run_parallel(jobs, args.workers, out / "logs")
+    results = {name: {s: json.loads((dirs[(name, s)] / "noise.json").read_text())["results"][s] for s in strategies}
+               for name in models}
     rows = [{"model": m, "strategy": s, "noise": p} | {k: r[p][k] for k in METRICS}
             for m, by_s in results.items() for s, r in by_s.items() for p in r]
     meta = {"run": args.run, "step": step, "questions": args.limit, "noise": levels, "strategies": strategies,

@@ -1,11 +1,11 @@
 """The learning gate's evidence: its margin over seeds and the mutations of the update path it catches.
 
-    python benchmarks/learning_gate.py [--seeds 0,1,2,3,4] [--mutations all|none|NAME,...] [--hrr-seeds 0,1,2]
+    python benchmarks/learning_gate.py [--seeds 0,1,2,3,4,5,6,7] [--mutations all|none|NAME,...] [--hrr-seeds 0,1,2]
                                        [--name learning_gate]
 
 Runs the task of ``tests/test_learning_gate.py`` (``tests/learning_task.py``: a one-turn colour bandit through the
 real env, a 2-layer random Llama cold-started on the four answers, ``ziprl.train``'s production update path) once
-per seed with the code as it is, then once per mutation (seed 0), and writes the rewards per step, the start and
+per seed with the code as it is, then once per mutation (CI's seed, ``GATE_SEED``), and writes the rewards per step, the start and
 end rates and the verdict of each run to ``benchmarks/results/<name>.{json,md}``. Then the HRR check (every
 reward 0, w = 0.2 against w = 0 on the same seeds, Q_com per step) to ``<name>_hrr.{json,md}``.
 """
@@ -26,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from _common import write_results  # noqa: E402
 
 from tests.learning_task import (  # noqa: E402
+    GATE_SEED,
     MUTATIONS,
     cold_start,
     hrr_cold_start,
@@ -38,7 +39,7 @@ from tests.learning_task import (  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7")
     ap.add_argument("--mutations", default="all", help="all | none | comma-separated names of " + ", ".join(MUTATIONS))
     ap.add_argument("--hrr-seeds", default="0,1,2")
     ap.add_argument("--name", default="learning_gate")
@@ -48,7 +49,7 @@ def main() -> None:
 
     seeds = [int(s) for s in args.seeds.split(",") if s]
     muts = list(MUTATIONS) if args.mutations == "all" else [] if args.mutations == "none" else args.mutations.split(",")
-    runs = [(s, None) for s in seeds] + [(0, m) for m in muts]
+    runs = [(s, None) for s in seeds] + [(GATE_SEED, m) for m in muts]
     rows = []
     with tempfile.TemporaryDirectory(prefix="ziprl-gate-") as tmp:
         root = Path(tmp)

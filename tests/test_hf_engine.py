@@ -189,3 +189,20 @@ def test_shared_prefix_prefill_changes_nothing(engine, prompts, monkeypatch):
     assert len(shared) == 1 and [g.token_ids for g in on] == [g.token_ids for g in off]
     for a, b in zip(on, off, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_sampling_draws_each_token_at_its_probability_and_never_outside_the_nucleus():
+    """20,000 draws from known logits: frequencies within 4 sigma of softmax(logits / T); with top-p the tokens
+    outside the nucleus and zero-probability tokens never come up; a seeded generator repeats its draws."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])).repeat(20_000, 1)
+    gen = torch.Generator().manual_seed(0)
+    draws = HFEngine._sample(logits, SamplingConfig(temperature=1.0, top_p=1.0), False, gen)
+    freq = torch.bincount(draws, minlength=5).double() / draws.numel()
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0], dtype=torch.float64)
+    assert torch.all((freq - expected).abs() <= 4 * (expected * (1 - expected) / draws.numel()).sqrt() + 1e-12)
+    nucleus = HFEngine._sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), False, gen)
+    assert set(nucleus.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15, 0.05 and 0 are cut
+    share = (nucleus == 0).double().mean().item()
+    assert share == pytest.approx(0.5 / 0.8, abs=0.02)  # renormalised over the nucleus
+    again = HFEngine._sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3))
+    assert again.equal(HFEngine._sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3)))

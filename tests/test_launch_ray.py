@@ -66,10 +66,12 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
     tags = set(acc.Tags()["scalars"])
     for tag in ("rollout/reward", "rollout/em", "rollout/f1", "rollout/q_com", "rollout/q_ratio", "rollout/q_info",
                 "rollout/level_3_frac", "rollout/turns", "rollout/searches", "rollout/opens", "rollout/finish_rate",
-                "rollout/prompt_tokens_per_turn", "learner/loss", "learner/clip_frac", "learner/entropy",
+                "rollout/prompt_tokens_per_turn", "learner/loss", "learner/clip_frac", "learner/grad_norm",
                 "learner/adv_mean", "learner/hrr_abs_mean", "perf/gen_tokens_per_second", "perf/weight_push_seconds",
                 "system/staleness", "system/queue_depth", "system/rollout_failures"):
         assert tag in tags, tag
+    for x in lines:  # a step with a gradient reports its forward's entropy; a zero-gradient step ran no forward
+        assert ("learner/entropy" in x) != (x.get("learner/zero_gradient") == 1.0), x
     assert [e.step for e in acc.Scalars("learner/loss")] == [1, 2]
     assert (out / "checkpoints").is_dir() and len(list((out / "trajectories").glob("*.parquet"))) == 2
 

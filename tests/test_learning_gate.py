@@ -11,13 +11,13 @@ token) fails this gate (``benchmarks/results/learning_gate.md``).
 
 from __future__ import annotations
 
-from tests.learning_task import MAX_ONPOLICY_GAP, MIN_END, MIN_GAIN, cold_start, run_gate, write_dataset
+from tests.learning_task import GATE_SEED, MAX_ONPOLICY_GAP, MIN_END, MIN_GAIN, cold_start, run_gate, write_dataset
 
 
 def test_the_update_path_learns_the_bandit(tiny_model_dir, tmp_path):
     dataset = write_dataset(tmp_path / "questions.jsonl")
     stage1 = cold_start(tiny_model_dir, dataset, tmp_path / "stage1")
-    result = run_gate(stage1, dataset, tmp_path / "run", seed=0)
+    result = run_gate(stage1, dataset, tmp_path / "run", seed=GATE_SEED)
     print("learning gate:", result)
     assert result["max_onpolicy_gap"] <= MAX_ONPOLICY_GAP, result
     assert result["start"] <= 0.45, result  # starts near chance (1/4): nothing learned before RL

@@ -282,3 +282,33 @@ def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_bat
             stats = json.loads((tmp_path / f"stage{stage}-rank{r}.json").read_text())
             assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5)
             assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
+
+
+def test_a_zero_gradient_step_skips_the_compute_and_moves_the_weights_as_the_computed_step(tiny_model_dir, monkeypatch):
+    """All rewards equal, w = 0, beta = 0: every advantage is 0, so the gradient is exactly zero. The step takes
+    the same AdamW update (its moments from the step before still move the weights) without a forward pass."""
+    from ziprl.learner import trainer as trainer_module
+
+    def two_steps(skip: bool):
+        trainer = Trainer(make_cfg(beta=0.0, hrr_weight=0.0, lr=1e-3), tiny_model_dir)
+        if not skip:
+            monkeypatch.setattr(trainer, "_gradient_is_zero", lambda rows: False)
+        trainer.train_step(make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=1))  # moments != 0
+        flat = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1, seed=1)
+        for t in flat:
+            t.reward = 1.0
+        calls = []
+        monkeypatch.setattr(trainer_module, "response_logprobs_and_entropy",
+                            lambda *a, **k: calls.append(1) or response_logprobs_and_entropy(*a, **k))
+        stats = trainer.train_step(flat)
+        monkeypatch.undo()
+        return stats, trainer.named_weights_numpy(), calls
+
+    from ziprl.learner.batch import response_logprobs_and_entropy
+
+    skipped, w_skip, calls_skip = two_steps(skip=True)
+    computed, w_comp, calls_comp = two_steps(skip=False)
+    assert skipped["zero_gradient"] == 1.0 and not calls_skip and calls_comp
+    assert skipped["grad_norm"] == computed["grad_norm"] == 0.0 and skipped["policy_version"] == 2.0
+    for name, value in w_comp.items():
+        assert np.allclose(w_skip[name], value, atol=1e-7), name

@@ -157,7 +157,9 @@ class Trainer:
         Advantages (``learner.advantage_estimator`` per trajectory + HRR per turn) -> turn rows -> micro-batches ->
         the policy loss (``learner.policy_loss``; by default the token-level clipped surrogate with beta * k3 KL to
         the reference) -> one update. Returns the step's statistics; ``kl`` is 0 when beta = 0 (no reference
-        model). A batch whose groups were all dropped (zero variance) takes no step.
+        model). A batch whose groups were all dropped (zero variance) takes no step; a batch whose every advantage
+        is 0 with beta = 0 (zero-variance groups, w = 0) has a zero gradient, so its step runs no forward or
+        backward (``zero_gradient`` = 1; on one ZeRO-0 rank, else it is computed).
         """
         start = time.perf_counter()
         lc = self.cfg.learner
@@ -168,6 +170,8 @@ class Trainer:
         policy_loss = LOSSES[lc.policy_loss]
         if not rows:
             return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
+        if self._gradient_is_zero(rows):
+            return {**stats, **self._zero_gradient_step(rows), "seconds": time.perf_counter() - start}
 
         # per token sums: loss, tokens, clipped, kl, entropy, |mismatch|, tis weight; then trained (real) tokens
         # and the tokens the forward ran (a shared prefix once per micro-batch)
@@ -233,6 +237,26 @@ class Trainer:
         if probe is not None:
             out.update(self._probe_update(*probe))
         return out
+
+    def _gradient_is_zero(self, rows: list[TurnRow]) -> bool:
+        """Every token's objective is rho * 0 and there is no KL term: the gradient is exactly zero (one rank, ZeRO-0,
+        where the step can be taken without a backward)."""
+        return (self.cfg.learner.beta == 0 and not any(r.advantage for r in rows) and self.zero_stage == 0
+                and world_size() == 1)
+
+    def _zero_gradient_step(self, rows: list[TurnRow]) -> dict[str, float]:
+        """The step a forward and backward would take when the gradient is exactly zero, without running them: zero
+        gradients into the same optimizer step (AdamW's moments still decay and move the weights, as they would)."""
+        lr = self.lr
+        for p in self.engine.module.parameters():
+            p.grad = torch.zeros_like(p)
+        t0 = time.perf_counter()
+        grad_norm = self._optimizer_step()
+        tokens = float(sum(len(r.input_ids) - r.response_start for r in rows))
+        return {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
+                "trained_tokens": 0.0, "computed_tokens": 0.0, "turns": float(len(rows)),
+                "policy_version": float(self.policy_version), "optimizer_seconds": time.perf_counter() - t0,
+                "zero_gradient": 1.0}
 
     def _probe_update(self, mb: MicroBatch, before: torch.Tensor) -> dict[str, float]:
         """Mean change of log pi over this micro-batch's positive- and negative-advantage response tokens after

@@ -153,7 +153,10 @@ class HFEngine(GenerationEngine):
 
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: torch.Generator) -> torch.Tensor:
-        """Next token per row: argmax, or a draw from softmax(logits / T) restricted to the top-p nucleus."""
+        """Next token per row: argmax, or a draw from softmax(logits / T) restricted to the top-p nucleus.
+
+        The draw inverts the CDF with one uniform number per row (``torch.multinomial`` draws an exponential per
+        vocabulary entry: 12% of a batch-8 decode step of a 49k-token vocabulary on this CPU)."""
         if greedy:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
@@ -161,7 +164,11 @@ class HFEngine(GenerationEngine):
             sorted_p, order = probs.sort(dim=-1, descending=True)
             outside = sorted_p.cumsum(dim=-1) - sorted_p > sampling.top_p  # mass before the token already >= p
             probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(outside, 0.0))
-        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        cdf = probs.cumsum(dim=-1)
+        # u in (0, 1] of each row's total mass: the first token whose CDF reaches it; a zero-probability token never
+        # holds the first CDF value >= u > 0, so it is never drawn
+        u = (1.0 - torch.rand((probs.size(0), 1), generator=gen, device=probs.device)) * cdf[:, -1:]
+        return torch.searchsorted(cdf, u).clamp_(max=probs.size(-1) - 1).squeeze(1)
 
     def _ends_with_stop(self, tail: list[int], stops: list[str]) -> bool:
         """Whether the decoded tail contains a stop string (checked after every token, so it just completed)."""
