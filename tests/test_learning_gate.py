@@ -11,7 +11,15 @@ token) fails this gate (``benchmarks/results/learning_gate.md``).
 
 from __future__ import annotations
 
-from tests.learning_task import GATE_SEED, MAX_ONPOLICY_GAP, MIN_END, MIN_GAIN, cold_start, run_gate, write_dataset
+from tests.learning_task import (
+    GATE_SEED,
+    MAX_ONPOLICY_GAP,
+    MIN_END,
+    MIN_GAIN,
+    cold_start,
+    run_gate,
+    write_dataset,
+)
 
 
 def test_the_update_path_learns_the_bandit(tiny_model_dir, tmp_path):
