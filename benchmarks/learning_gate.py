@@ -69,7 +69,8 @@ def main() -> None:
                   f"end {r['end']:.3f} gap {r['max_onpolicy_gap']:.2g} passed {r['passed']} ({r['seconds']:.0f} s)",
                   flush=True)
             rows.append(r)
-        write_results(args.name, rows, meta={"seeds": seeds, "mutations": muts})
+        if rows:
+            write_results(args.name, rows, meta={"seeds": seeds, "mutations": muts})
         hrr_seeds = [int(s) for s in args.hrr_seeds.split(",") if s]
         if hrr_seeds:
             write_results(f"{args.name}_hrr", hrr_rows(root, hrr_seeds), meta={"seeds": hrr_seeds})

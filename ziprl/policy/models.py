@@ -69,7 +69,8 @@ def check_model_paths(model_path: str | None, sft_checkpoint: str | None = None)
     """Fail fast (before any data or model loads) when ``model.path`` or ``run.sft_checkpoint`` is not a model."""
     if sft_checkpoint and not Path(sft_checkpoint).expanduser().is_dir():
         raise ModelPathError(f"run.sft_checkpoint {sft_checkpoint} is not a directory; pass the model directory a "
-                             "Stage 1 SFT run wrote (<out>/model), or drop --sft-checkpoint to run Stage 1")
+                             "Stage 1 SFT run wrote (<out>/model), or drop --sft-checkpoint (launch then runs Stage 1 "
+                             "first; train starts RL from the base model)")
     for field, value in (("model.path", model_path), ("run.sft_checkpoint", sft_checkpoint)):
         if value:
             try:
