@@ -219,6 +219,22 @@ def test_step_logs_mismatch_timings_and_the_update_probe(tiny_model_dir):
     assert stats["trained_tokens"] >= stats["tokens"] and 0 < stats["mfu"] < 1
 
 
+def test_the_update_probe_reads_a_micro_batch_with_advantages(tiny_model_dir):
+    """Equal rewards (A_GRPO = 0) with w = 0.2: only the scored turns carry an advantage, and the first turns (the
+    shortest, so the first micro-batch) carry none; the probe must measure the micro-batch that has them."""
+    model, _ = model_and_tokenizer(tiny_model_dir)
+    trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=3, max_turns=3)  # 1, 2 and 3 turns
+    for t in trajectories:
+        t.reward = 1.0
+        for u in t.turns[1:]:  # a later turn sees a longer context, as in the env
+            u.prompt_ids = u.prompt_ids + u.prompt_ids
+            u.logprobs = behaviour_logprobs(model, u.prompt_ids, u.response_ids)
+    trainer = Trainer(make_cfg(lr=1e-3, beta=0.0, hrr_weight=0.2, micro_batch_turns=3), tiny_model_dir)
+    stats = trainer.train_step(trajectories)  # 3 first turns (advantage 0), then the 3 later turns
+    assert stats["zero_variance_frac"] == 1.0 and stats["hrr_abs_mean"] > 0
+    assert stats["dlogp_pos_adv"] > 0 > stats["dlogp_neg_adv"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + ZeRO-2/3 runs on a CUDA GPU; this machine has none")
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bf16_zero_on_gpu(stage, tiny_model_dir):

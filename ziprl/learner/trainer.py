@@ -196,8 +196,11 @@ class Trainer:
             clock["forward"] += t1 - t0
             clock["reference"] += t2 - t1
             clock["backward"] += t3 - t2
-            if probe is None and lc.probe_update:  # every rank probes its first micro-batch (ZeRO-3 needs all)
-                probe = (mb, logp.detach())
+            # every rank probes one micro-batch (ZeRO-3 needs all): its first with a nonzero advantage, else its first
+            if lc.probe_update and (probe is None or not probe[2]):
+                signal = bool((mb.adv * mb.loss_mask).any())
+                if probe is None or signal:
+                    probe = (mb, logp.detach(), signal)
             if real:
                 n = st["tokens"]
                 ent = float((entropy * mb.loss_mask).sum())
@@ -235,7 +238,7 @@ class Trainer:
             "seconds": seconds,
         }
         if probe is not None:
-            out.update(self._probe_update(*probe))
+            out.update(self._probe_update(*probe[:2]))
         return out
 
     def _gradient_is_zero(self, rows: list[TurnRow]) -> bool:
