@@ -177,7 +177,7 @@ class Trainer:
         # and the tokens the forward ran (a shared prefix once per micro-batch)
         sums = torch.zeros(9, dtype=torch.float64)
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
-        mismatch_max, probe = 0.0, None
+        mismatch_max, probes = 0.0, {}
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
             t0 = time.perf_counter()
             with self._compute():
@@ -196,11 +196,12 @@ class Trainer:
             clock["forward"] += t1 - t0
             clock["reference"] += t2 - t1
             clock["backward"] += t3 - t2
-            # every rank probes one micro-batch (ZeRO-3 needs all): its first with a nonzero advantage, else its first
-            if lc.probe_update and (probe is None or not probe[2]):
-                signal = bool((mb.adv * mb.loss_mask).any())
-                if probe is None or signal:
-                    probe = (mb, logp.detach(), signal)
+            # every rank probes one micro-batch per sign, so the same count on every rank (ZeRO-3 gathers
+            # collectively): its first with a token of that advantage sign, else its first micro-batch
+            for sign in ("pos", "neg") if lc.probe_update else ():
+                has = bool(((mb.adv > 0) if sign == "pos" else (mb.adv < 0)).logical_and(mb.loss_mask.bool()).any())
+                if sign not in probes or (has and not probes[sign][2]):
+                    probes[sign] = (mb, logp.detach(), has)
             if real:
                 n = st["tokens"]
                 ent = float((entropy * mb.loss_mask).sum())
@@ -237,8 +238,8 @@ class Trainer:
             "gemm_peak_tflops": peak / 1e12,
             "seconds": seconds,
         }
-        if probe is not None:
-            out.update(self._probe_update(*probe[:2]))
+        for sign, (mb, before, _) in probes.items():
+            out[f"dlogp_{sign}_adv"] = self._probe_update(mb, before, sign)
         return out
 
     def _gradient_is_zero(self, rows: list[TurnRow]) -> bool:
@@ -261,16 +262,13 @@ class Trainer:
                 "policy_version": float(self.policy_version), "optimizer_seconds": time.perf_counter() - t0,
                 "zero_gradient": 1.0}
 
-    def _probe_update(self, mb: MicroBatch, before: torch.Tensor) -> dict[str, float]:
-        """Mean change of log pi over this micro-batch's positive- and negative-advantage response tokens after
-        the update (no grad; the first should rise, the second fall)."""
+    def _probe_update(self, mb: MicroBatch, before: torch.Tensor, sign: str) -> float:
+        """Mean change of log pi over this micro-batch's ``sign`` ("pos" | "neg") advantage response tokens after
+        the update (no grad; positive ones should rise, negative ones fall); 0 when it has none."""
         with torch.no_grad(), self._compute():
             after = response_logprobs(self.engine, mb)
-        delta, mask = after - before, mb.loss_mask.bool()
-        out = {}
-        for name, sel in (("pos", mask & (mb.adv > 0)), ("neg", mask & (mb.adv < 0))):
-            out[f"dlogp_{name}_adv"] = float(delta[sel].mean()) if sel.any() else 0.0
-        return out
+        sel = mb.loss_mask.bool() & ((mb.adv > 0) if sign == "pos" else (mb.adv < 0))
+        return float((after - before)[sel].mean()) if sel.any() else 0.0
 
     def _compute(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around a forward when the learner computes in bf16 outside DeepSpeed's bf16 mode."""
