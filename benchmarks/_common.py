@@ -19,6 +19,20 @@ def machine() -> dict[str, str | int]:
             "cores": os.cpu_count() or 0, "date": time.strftime("%Y-%m-%d")}
 
 
+def portable(path: str | Path | None) -> str | None:
+    """``path`` as results may record it: relative to the repository, or under ``<ZIPRL_CACHE>``, never this
+    machine's absolute path."""
+    from ziprl.paths import cache_root
+
+    if path is None:
+        return None
+    p = Path(path).expanduser().resolve()
+    for root, label in ((RESULTS.parents[1], "."), (cache_root().resolve(), "<ZIPRL_CACHE>")):
+        if p.is_relative_to(root):
+            return str(Path(label) / p.relative_to(root))
+    return p.name
+
+
 def write_results(name: str, rows: list[dict], meta: dict | None = None) -> tuple[Path, Path]:
     """Write ``results/<name>.json`` (rows + meta + machine) and ``results/<name>.md`` (a table of rows)."""
     RESULTS.mkdir(parents=True, exist_ok=True)

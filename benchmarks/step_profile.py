@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import portable, write_results  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
 
@@ -86,7 +86,7 @@ def main() -> None:
             rows.append(profile(variant, args, Path(tmp) / variant))
     for row in rows:
         row["learner_speedup"] = rows[0]["learner_s"] / row["learner_s"]
-    write_results(args.name, rows, meta={k: v for k, v in vars(args).items()})
+    write_results(args.name, rows, meta=vars(args) | {"config": portable(args.config), "model": portable(args.model)})
 
 
 if __name__ == "__main__":
