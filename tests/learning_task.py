@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import random
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,8 +241,8 @@ def run_hrr(stage1: Path, dataset: Path, out_dir: Path, seed: int, w: float) -> 
     train(hrr_config(dataset, out_dir, stage1, seed, w), progress=False)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     q = [m["rollout/q_com"] for m in rows]
-    start, end = sum(q[:START_STEPS]) / START_STEPS, sum(q[len(q) // 2:]) / (len(q) - len(q) // 2)
     # end: the second half's mean (16 compress turns a step: one step's mean moves by ~0.08 from sampling alone)
+    start, end = statistics.fmean(q[:START_STEPS]), statistics.fmean(q[len(q) // 2:])
     return {"seed": seed, "w": w, "q_com": q, "rewards": [m["rollout/reward"] for m in rows], "start": start,
-            "end": end, "mean": sum(q) / len(q), "gain": end - start, "max_grad_norm": max(m["learner/grad_norm"] for m in rows),
+            "end": end, "mean": statistics.fmean(q), "gain": end - start, "max_grad_norm": max(m["learner/grad_norm"] for m in rows),
             "hrr_abs_mean": sum(m["learner/hrr_abs_mean"] for m in rows) / len(rows)}

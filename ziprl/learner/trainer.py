@@ -86,6 +86,11 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def _sign_tokens(mb: MicroBatch, sign: str) -> torch.Tensor:
+    """The response tokens of ``mb`` whose advantage has ``sign`` ("pos" | "neg")."""
+    return mb.loss_mask.bool() & ((mb.adv > 0) if sign == "pos" else (mb.adv < 0))
+
+
 class Trainer:
     """Policy (a DeepSpeed engine) + frozen reference model (only when beta > 0) + optimiser bookkeeping.
 
@@ -199,7 +204,7 @@ class Trainer:
             # every rank probes one micro-batch per sign, so the same count on every rank (ZeRO-3 gathers
             # collectively): its first with a token of that advantage sign, else its first micro-batch
             for sign in ("pos", "neg") if lc.probe_update else ():
-                has = bool(((mb.adv > 0) if sign == "pos" else (mb.adv < 0)).logical_and(mb.loss_mask.bool()).any())
+                has = bool(_sign_tokens(mb, sign).any())
                 if sign not in probes or (has and not probes[sign][2]):
                     probes[sign] = (mb, logp.detach(), has)
             if real:
@@ -267,7 +272,7 @@ class Trainer:
         the update (no grad; positive ones should rise, negative ones fall); 0 when it has none."""
         with torch.no_grad(), self._compute():
             after = response_logprobs(self.engine, mb)
-        sel = mb.loss_mask.bool() & ((mb.adv > 0) if sign == "pos" else (mb.adv < 0))
+        sel = _sign_tokens(mb, sign)
         return float((after - before)[sel].mean()) if sel.any() else 0.0
 
     def _compute(self) -> contextlib.AbstractContextManager:
