@@ -13,15 +13,22 @@ Agreement with HFEngine (float32): greedy rows whose first 32 tokens match, and 
 difference between the candidate's behaviour log-probs of its sampled tokens and float32 HF's log-probs of
 the same tokens (what the PPO ratio sees at the first step).
 
+Prompts (``--prompts``): ``chat`` = the short chat questions of ``engine_throughput.py`` (~30 tokens); ``rollout`` =
+the shape of a search agent's later turns: the adaptive strategy's system prompt, a question from the shipped sample,
+a search call and 1-4 passages of the shipped corpus as the observation (~400-750 tokens, unequal lengths, the
+system prompt shared), which is what an RL step's generation actually runs.
+
 Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16), static-bf16 (transformers
 ``generate`` with ``cache_implementation="static"`` in bfloat16), static-bf16-compile (the same, forward
-compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator).
+compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator;
+a ``-rows`` suffix decodes one prompt at a time: a CTranslate2 batch forwards its prompts at once only up to the
+shortest one's length and decodes the other prompts' remaining tokens one step at a time).
 llama.cpp is not a candidate: llama-cpp-python has no wheel on PyPI and its source build did not finish in
 10 minutes on the shared 2-core machine (its high-level API also generates one sequence at a time).
 Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower.
 
 Run: ``.venv/bin/python benchmarks/cpu_engines.py [--batches 1,8,32] [--new-tokens 64] [--repeats 3]
-[--candidates hf,ct2-int8,...] [--modes greedy,sample] [--threads N] [--out NAME]``
+[--candidates hf,ct2-int8,...] [--modes greedy,sample] [--threads N] [--prompts chat|rollout] [--out NAME]``
 """
 
 from __future__ import annotations
@@ -138,10 +145,12 @@ class CT2Candidate(Candidate):
     heap, 13 s per refresh); that call is switched off during conversion.
     """
 
-    def __init__(self, path: Path, tokenizer: Any, eos_ids: frozenset[int], compute_type: str, threads: int) -> None:
-        self.name = f"ct2-{compute_type}"
+    def __init__(self, path: Path, tokenizer: Any, eos_ids: frozenset[int], compute_type: str, threads: int,
+                 rows: bool = False) -> None:
+        self.name = f"ct2-{compute_type}" + ("-rows" if rows else "")
         self.path, self.tokenizer, self.eos_ids = path, tokenizer, eos_ids
         self.compute_type, self.threads = compute_type, threads
+        self.max_batch_size = 1 if rows else 0
         self.generator: Any = None
 
     def refresh(self, arrays: dict[str, np.ndarray]) -> None:
@@ -181,7 +190,8 @@ class CT2Candidate(Candidate):
         results = self.generator.generate_batch(
             [self.tokenizer.convert_ids_to_tokens(p) for p in prompts], max_length=new_tokens,
             sampling_topk=1 if greedy else 0, sampling_temperature=1.0, end_token=sorted(self.eos_ids),
-            return_end_token=True, include_prompt_in_result=False, return_scores=True, callback=collect)
+            return_end_token=True, include_prompt_in_result=False, return_scores=True, callback=collect,
+            max_batch_size=self.max_batch_size)
         rows = []
         for res, got in zip(results, steps, strict=True):
             toks = [t for t, _ in got]
@@ -198,7 +208,8 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     if name in ("static-bf16", "static-bf16-compile"):
         return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
     if name.startswith("ct2-"):
-        return CT2Candidate(path, ref.tokenizer, ref.eos_ids, name.removeprefix("ct2-"), threads)
+        compute_type = name.removeprefix("ct2-").removesuffix("-rows")
+        return CT2Candidate(path, ref.tokenizer, ref.eos_ids, compute_type, threads, rows=name.endswith("-rows"))
     raise ValueError(name)
 
 
@@ -209,7 +220,7 @@ def skip_reason(name: str) -> str | None:
             import ctranslate2
         except ImportError:
             return "ctranslate2 is not installed (pip install ctranslate2)"
-        ct = name.removeprefix("ct2-")
+        ct = name.removeprefix("ct2-").removesuffix("-rows")
         if ct not in ctranslate2.get_supported_compute_types("cpu"):
             return f"compute type {ct} unsupported on this CPU by this ctranslate2 build " \
                    f"(supported: {sorted(ctranslate2.get_supported_compute_types('cpu'))})"
@@ -217,6 +228,27 @@ def skip_reason(name: str) -> str | None:
 
 
 @torch.inference_mode()
+def rollout_prompts(ref: HFEngine, b: int) -> list[list[int]]:
+    """``b`` later-turn prompts of a search agent: system prompt, question, a search, 1-4 passages observed."""
+    from ziprl.config import EnvConfig
+    from ziprl.registry import STRATEGIES
+    from ziprl.retrieval.corpus import load_corpus
+    from ziprl.retrieval.datasets import load_dataset
+
+    system = STRATEGIES["adaptive"](EnvConfig()).system_prompt()
+    questions = load_dataset("sample")
+    corpus = load_corpus(Path(__file__).resolve().parents[1] / "ziprl/data/sample/corpus.jsonl.gz")
+    prompts = []
+    for i in range(b):
+        q = questions[i % len(questions)].question
+        passages = corpus[4 * i: 4 * i + 1 + i % 4]
+        observation = "\n".join(f"[{p.doc_id}] {p.title}: {p.text[:500]}" for p in passages)
+        prompts.append(ref.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": q},
+                                        {"role": "assistant", "content": f"<search>{q}</search>"},
+                                        {"role": "user", "content": observation}]))
+    return prompts
+
+
 def reference_logprobs(ref: HFEngine, prompts: list[list[int]], rows: Rows) -> list[list[float]]:
     """float32 HF log-probs (raw logits) of each row's tokens, teacher-forced after its prompt."""
     out = []
@@ -242,6 +274,7 @@ def main() -> None:
     ap.add_argument("--candidates", default="hf,hf-bf16,static-bf16,ct2-int8,ct2-float32,ct2-bfloat16")
     ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1.0)")
     ap.add_argument("--threads", type=int, default=0, help="torch and CTranslate2 threads (0 = torch's default)")
+    ap.add_argument("--prompts", default="chat", choices=("chat", "rollout"), help="prompt shape (see above)")
     ap.add_argument("--out", default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
     args = ap.parse_args()
     if args.threads:
@@ -271,8 +304,9 @@ def main() -> None:
     first_call: dict[tuple[str, int], float] = {}
     agree: dict[tuple[str, int], dict] = {}
     for b in batches:
-        prompts = [ref.encode_chat([{"role": "user", "content": q}])
-                   for q in (QUESTIONS * (b // len(QUESTIONS) + 1))[:b]]
+        prompts = rollout_prompts(ref, b) if args.prompts == "rollout" else [
+            ref.encode_chat([{"role": "user", "content": q}]) for q in (QUESTIONS * (b // len(QUESTIONS) + 1))[:b]]
+        print(f"[prompts] b={b}: {min(map(len, prompts))}-{max(map(len, prompts))} tokens", flush=True)
         hf_greedy = cands["hf"].generate(prompts, True, args.new_tokens, 0) if "hf" in cands else None
         for name, cand in cands.items():  # first call: warm-up, compile, greedy agreement, log-prob agreement
             greedy, first_call[(name, b)] = timed(cand.generate, prompts, True, args.new_tokens, 0)
@@ -311,7 +345,7 @@ def main() -> None:
             row["rl_step_vs_hf"] = row["rl_step_tok_s"] / hf_step
     write_results(args.out, rows, meta={
         "model": "SmolLM2-135M-Instruct (embedded, plain safetensors)", "threads": threads,
-        "new_tokens": args.new_tokens, "repeats": args.repeats, "sampling": "temperature 1.0, top-k/top-p off",
+        "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": args.prompts, "sampling": "temperature 1.0, top-k/top-p off",
         "versions": {m: sys.modules[m].__version__ for m in ("torch", "transformers", "ctranslate2") if m in sys.modules}})
 
 

@@ -8,7 +8,8 @@ Each variant runs ``--steps`` steps of ``python -m ziprl.train`` in this process
 (``--config``; the held-out split is not needed here, the shipped sample's questions are used) from ``--model``
 (default: the embedded model; pass the Stage-1 model for realistic response lengths). The first step warms up; the
 table reports the mean of the others. Variants: ``unshared`` (float32, every turn runs its whole prompt),
-``float32`` (the shared system prompt runs once per micro-batch), ``bf16`` (bf16 autocast, shared prefix). The parts
+``float32`` (the shared system prompt runs once per micro-batch), ``bf16`` (bf16 autocast, shared prefix),
+``bf16-engine`` (bf16 learner and a bf16 generating engine; truncated importance sampling corrects the mismatch). The parts
 come from the step's own logged metrics: generation (engine seconds), the learner's forward, reference forward,
 backward and optimizer step, the weight export + push, the trajectory write; MFU is 6 x parameters x tokens the
 forward ran / learner seconds against the GEMM peak of the learner's dtype measured right after the step.
@@ -36,6 +37,7 @@ VARIANTS = {  # name: learner overrides
     "unshared": ["learner.bf16=false", "learner.share_prefix=false"],
     "float32": ["learner.bf16=false", "learner.share_prefix=true"],
     "bf16": ["learner.bf16=true", "learner.share_prefix=true"],
+    "bf16-engine": ["learner.bf16=true", "learner.share_prefix=true", "model.dtype=bfloat16"],
 }
 PARTS = {  # table column: metrics.jsonl key
     "step_s": "perf/step_seconds", "rollout_s": "perf/wait_seconds", "gen_tokens_per_s": "perf/gen_tokens_per_second", "forward_s": "learner/forward_seconds",
