@@ -201,6 +201,11 @@ class CT2Candidate(Candidate):
         return rows
 
 
+def ct2_compute_type(name: str) -> str:
+    """The CTranslate2 compute type a ``ct2-<type>[-rows]`` candidate name asks for."""
+    return name.removeprefix("ct2-").removesuffix("-rows")
+
+
 def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     """The candidate called ``name``."""
     if name in ("hf", "hf-bf16"):
@@ -208,8 +213,8 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     if name in ("static-bf16", "static-bf16-compile"):
         return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
     if name.startswith("ct2-"):
-        compute_type = name.removeprefix("ct2-").removesuffix("-rows")
-        return CT2Candidate(path, ref.tokenizer, ref.eos_ids, compute_type, threads, rows=name.endswith("-rows"))
+        return CT2Candidate(path, ref.tokenizer, ref.eos_ids, ct2_compute_type(name), threads,
+                            rows=name.endswith("-rows"))
     raise ValueError(name)
 
 
@@ -220,24 +225,23 @@ def skip_reason(name: str) -> str | None:
             import ctranslate2
         except ImportError:
             return "ctranslate2 is not installed (pip install ctranslate2)"
-        ct = name.removeprefix("ct2-").removesuffix("-rows")
+        ct = ct2_compute_type(name)
         if ct not in ctranslate2.get_supported_compute_types("cpu"):
             return f"compute type {ct} unsupported on this CPU by this ctranslate2 build " \
                    f"(supported: {sorted(ctranslate2.get_supported_compute_types('cpu'))})"
     return None
 
 
-@torch.inference_mode()
 def rollout_prompts(ref: HFEngine, b: int) -> list[list[int]]:
     """``b`` later-turn prompts of a search agent: system prompt, question, a search, 1-4 passages observed."""
     from ziprl.config import EnvConfig
     from ziprl.registry import STRATEGIES
     from ziprl.retrieval.corpus import load_corpus
-    from ziprl.retrieval.datasets import load_dataset
+    from ziprl.retrieval.datasets import corpus_for, load_dataset
 
     system = STRATEGIES["adaptive"](EnvConfig()).system_prompt()
     questions = load_dataset("sample")
-    corpus = load_corpus(Path(__file__).resolve().parents[1] / "ziprl/data/sample/corpus.jsonl.gz")
+    corpus = load_corpus(corpus_for("sample"))
     prompts = []
     for i in range(b):
         q = questions[i % len(questions)].question
@@ -249,6 +253,7 @@ def rollout_prompts(ref: HFEngine, b: int) -> list[list[int]]:
     return prompts
 
 
+@torch.inference_mode()
 def reference_logprobs(ref: HFEngine, prompts: list[list[int]], rows: Rows) -> list[list[float]]:
     """float32 HF log-probs (raw logits) of each row's tokens, teacher-forced after its prompt."""
     out = []

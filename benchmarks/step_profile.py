@@ -33,7 +33,7 @@ from _common import portable, write_results  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
 
-VARIANTS = {  # name: learner overrides
+VARIANTS = {  # name: config overrides
     "unshared": ["learner.bf16=false", "learner.share_prefix=false"],
     "float32": ["learner.bf16=false", "learner.share_prefix=true"],
     "bf16": ["learner.bf16=true", "learner.share_prefix=true"],
