@@ -3,6 +3,7 @@ the Stage-1 model and an RL checkpoint of ``benchmarks/learning.py``, on its hel
 
     python benchmarks/learning_compare.py [--out runs/learning] [--run w0.2_seed0] [--step N] [--limit 20]
                                           [--noise 0,1] [--strategies adaptive,uniform,react,summary,window]
+                                          [--stage1-model DIR]
 
 Reads what ``benchmarks/learning.py`` left under ``--out`` (the held-out split, the Stage-1 model, the run's
 checkpoints), runs the noise sweep (``python -m ziprl.eval --noise``, one process per model and strategy, one torch
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--noise", default="0,1")
     ap.add_argument("--strategies", default="adaptive,uniform,react,summary,window")
     ap.add_argument("--workers", type=int, default=2, help="evaluations at a time (one torch thread each)")
+    ap.add_argument("--stage1-model", help="the Stage-1 model the run started from, if learning.py was given one")
     args = ap.parse_args()
     from learning import checkpoint_model, read_metrics, run_parallel
 
@@ -104,7 +106,7 @@ def main() -> None:
     step = args.step or len(read_metrics(run_dir))
     if not held_out.is_file() or not step:
         raise SystemExit(f"run benchmarks/learning.py --out {out} first (no held-out split or no {args.run} run)")
-    stage1 = stage1_dir(load_config(config, [])) / "model"
+    stage1 = Path(args.stage1_model) if args.stage1_model else stage1_dir(load_config(config, [])) / "model"
     models = {"Stage 1": stage1, f"RL {args.run} step {step}": checkpoint_model(run_dir, step, stage1)}
     levels, strategies = parse_noise_levels(args.noise), args.strategies.split(",")
     t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""benchmarks/learning.py: held-out questions stay out of training, and its intervals are right."""
+"""benchmarks/learning.py: held-out questions stay out of training, and its intervals are right;
+benchmarks/learning_compare.py: the paper's two claims are judged as stated."""
 
 from __future__ import annotations
 
@@ -13,16 +14,25 @@ from tests.conftest import SHARED
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def learning():
+def _load(name: str):
     sys.path.insert(0, str(BENCH))
     try:
-        spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        yield module
+        return module
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def learning():
+    return _load("learning")
+
+
+@pytest.fixture(scope="module")
+def compare():
+    return _load("learning_compare")
 
 
 def test_bootstrap_of_a_constant_difference_is_that_constant(learning):
@@ -59,3 +69,25 @@ def test_held_out_questions_are_disjoint_from_training(learning, tmp_path):
     assert not {ex.id for ex in train} & {ex.id for ex in held}
     assert not {ex.question for ex in train} & {ex.question for ex in held}
     assert corpus.is_file()
+
+
+def _cell(f1: float, tokens: float) -> dict:
+    return {"f1": f1, "tokens_per_trajectory": tokens}
+
+
+def test_compare_claims_are_judged_as_the_paper_states_them(compare):
+    """Adaptive at half ReAct's tokens with equal F1 meets the first claim, a hair more tokens or less F1 does not;
+    the second claim holds for the strategy whose F1 falls least, ties included."""
+    results = {
+        "met": {"adaptive": {"0": _cell(0.30, 500.0), "1": _cell(0.20, 480.0)},
+                "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.10, 900.0)},
+                "window": {"0": _cell(0.20, 700.0), "1": _cell(0.10, 600.0)}},
+        "missed": {"adaptive": {"0": _cell(0.29, 500.0), "1": _cell(0.10, 480.0)},
+                   "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.25, 900.0)}},
+        "costly": {"adaptive": {"0": _cell(0.40, 501.0), "1": _cell(0.40, 480.0)},
+                   "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.30, 900.0)}},
+    }
+    got = {(r["model"], r["claim"].split()[1]): r["met"] for r in compare.claims(results, [0.0, 1.0])}
+    assert got == {("met", "tokens/trajectory"): True, ("met", "F1"): True,
+                   ("missed", "tokens/trajectory"): False, ("missed", "F1"): False,
+                   ("costly", "tokens/trajectory"): False, ("costly", "F1"): True}
