@@ -2,6 +2,7 @@
 
     python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps N]
                                   [--eval-every K] [--eval-limit 30] [--out runs/learning] [--workers 2]
+                                  [--name learning]
 
 Questions, all over the pooled corpus (HotpotQA + MuSiQue passages, 6,850):
 - training: HotpotQA train (100) + MuSiQue train (100) + HotpotQA dev-distractor questions 0-199;
@@ -239,25 +240,26 @@ def train_rows(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict) -> None:
+def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict, name: str = "learning") -> None:
+    """Tables and plots under benchmarks/results/, every file named ``<name>_*``."""
     import statistics
 
     from ziprl.plots import plot_curves
 
     seeds, steps = meta["seeds"], meta["steps"]
-    write_results("learning_heldout", eval_rows(evals), meta)
-    write_results("learning_diff", diff_rows(evals, seeds, steps), meta)
-    write_results("learning_train", train_rows(runs), meta | {"curves": {n: [{k: m.get(key) for k, key in
+    write_results(f"{name}_heldout", eval_rows(evals), meta)
+    write_results(f"{name}_diff", diff_rows(evals, seeds, steps), meta)
+    write_results(f"{name}_train", train_rows(runs), meta | {"curves": {n: [{k: m.get(key) for k, key in
                                                                          TRAIN_METRICS.items()} for m in r]
                                                                          for n, r in runs.items()}})
-    for metric, png in (("reward", "learning_reward.png"), ("q_com", "learning_qcom.png"),
-                        ("zero_variance_frac", "learning_zero_variance.png")):
+    for metric, png in (("reward", f"{name}_reward.png"), ("q_com", f"{name}_qcom.png"),
+                        ("zero_variance_frac", f"{name}_zero_variance.png")):
         curves = {f"w={w:g}": [(i + 1, statistics.fmean(runs[f"w{w:g}_seed{s}"][i].get(TRAIN_METRICS[metric], 0.0)
                                                          for s in seeds)) for i in range(steps)] for w in WEIGHTS}
         plot_curves(curves, RESULTS / png, f"Training {metric}, mean over {len(seeds)} seed(s)", metric)
     held = {f"w={w:g}": [(k, statistics.fmean(evals["stage1" if k == 0 else f"w{w:g}_seed{s}_step{k}"]["stats"]["f1"]
                                               for s in seeds)) for k in meta["eval_steps"]] for w in WEIGHTS}
-    plot_curves(held, RESULTS / "learning_heldout_f1.png", f"Held-out F1 ({meta['questions_held_out']} questions)",
+    plot_curves(held, RESULTS / f"{name}_heldout_f1.png", f"Held-out F1 ({meta['questions_held_out']} questions)",
                 "F1")
 
 
@@ -281,6 +283,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
     ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
+    ap.add_argument("--name", default="learning", help="results file prefix under benchmarks/results/ (a partial "
+                    "run, e.g. one seed, under another name leaves the full run's results as they are)")
     ap.add_argument("--eval-one", nargs=4, metavar=("MODEL", "HELD_OUT", "CORPUS", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     config, out, seeds = Path(args.config), Path(args.out), [int(s) for s in args.seeds.split(",")]
@@ -333,7 +337,7 @@ def main() -> None:
     for extra in ("sft_seconds.json",):
         if (model.parent / extra).is_file():
             meta["stage1_sft_seconds"] = json.loads((model.parent / extra).read_text())["seconds"]
-    report(evals, runs, meta)
+    report(evals, runs, meta, args.name)
     log(f"done in {meta['seconds'] / 60:.1f} min")
 
 

@@ -91,3 +91,20 @@ def test_compare_claims_are_judged_as_the_paper_states_them(compare):
     assert got == {("met", "tokens/trajectory"): True, ("met", "F1"): True,
                    ("missed", "tokens/trajectory"): False, ("missed", "F1"): False,
                    ("costly", "tokens/trajectory"): False, ("costly", "F1"): True}
+
+
+def test_report_under_another_name_leaves_the_full_runs_results_alone(learning, tmp_path, monkeypatch):
+    """``--name``: every table and plot of a partial run goes to ``<name>_*``, none to ``learning_*``."""
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    questions = [{"id": f"q{i}", "f1": i / 4} for i in range(4)]
+    stats = dict.fromkeys(learning.EVAL_METRICS, 0.5)
+    evals = {key: {"stats": stats, "per_question": questions}
+             for key in ("stage1", "w0_seed0_step2", "w0.2_seed0_step2")}
+    runs = {f"w{w:g}_seed0": [{"rollout/reward": 0.1 * k} for k in range(2)] for w in learning.WEIGHTS}
+    learning.report(evals, runs, {"seeds": [0], "steps": 2, "eval_steps": [0, 2], "questions_held_out": 4},
+                    "learning_seed0")
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written and all(n.startswith("learning_seed0_") for n in written)
+    assert {"learning_seed0_heldout.json", "learning_seed0_diff.md", "learning_seed0_train.json",
+            "learning_seed0_reward.png", "learning_seed0_heldout_f1.png"} <= set(written)
