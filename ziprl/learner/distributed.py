@@ -2,8 +2,9 @@
 
 A single process (a test, the SFT command) needs no launcher: the torch.distributed variables default to a
 one-rank group on ``127.0.0.1`` and a free port; set ones are kept (``deepspeed``/``torchrun`` launchers,
-and the Ray learner ranks, which ``ziprl.actors.learner_actor`` points at rank 0). The backend is gloo on
-CPU and nccl on GPU.
+and the Ray learner ranks, which ``ziprl.actors.learner_actor`` points at rank 0). A port chosen here leaves the
+environment once the group has formed, so a process started later from this one forms its own group. The backend
+is gloo on CPU and nccl on GPU.
 
 Build cache: on the CPU accelerator ``deepspeed.init_distributed`` JIT-compiles one C++ op
 (``deepspeed_shm_comm``, ~100 s on two cores) with torch's cpp_extension. It is compiled once into
@@ -68,11 +69,14 @@ def init_distributed(model_cfg: ModelConfig | None = None) -> Any:
 
     cuda = resolve_device((model_cfg or ModelConfig()).device) == "cuda"
     deepspeed = import_deepspeed(model_cfg)
+    port_given = "MASTER_PORT" in os.environ
     ensure_dist_env()
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if not port_given:  # our store holds the port now: a child process (subprocess, Ray worker) must pick its own
+        del os.environ["MASTER_PORT"]
     return deepspeed
 
 
