@@ -34,10 +34,13 @@ METRICS = ("f1", "em", "tokens_per_trajectory", "turns", "searches", "q_com", "f
 
 def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy: str, levels: list[float],
               limit: int, out: Path) -> list[str] | None:
-    """The ``ziprl.eval --noise`` command of one model and strategy, or None when ``out/noise.json`` holds it."""
+    """The ``ziprl.eval --noise`` command of one model and strategy, or None when ``out/noise.json`` holds it (the
+    same questions: a sweep over another ``limit`` is redone)."""
     done = out / "noise.json"
-    if done.is_file() and all(f"{p:g}" in json.loads(done.read_text())["results"].get(strategy, {}) for p in levels):
-        return None
+    if done.is_file():
+        report = json.loads(done.read_text())
+        if report.get("questions") == limit and all(f"{p:g}" in report["results"].get(strategy, {}) for p in levels):
+            return None
     return [sys.executable, "-m", "ziprl.eval", "--config", str(config), "--model", str(model), "--dataset",
             str(held_out), "--limit", str(limit), "--samples", "1", "--seed", "0", "--strategy", strategy,
             "--noise", ",".join(f"{p:g}" for p in levels), "--out", str(out), "--set", f"retriever.corpus={corpus}",

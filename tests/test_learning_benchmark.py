@@ -108,3 +108,16 @@ def test_report_under_another_name_leaves_the_full_runs_results_alone(learning, 
     assert written and all(n.startswith("learning_seed0_") for n in written)
     assert {"learning_seed0_heldout.json", "learning_seed0_diff.md", "learning_seed0_train.json",
             "learning_seed0_reward.png", "learning_seed0_heldout_f1.png"} <= set(written)
+
+
+def test_a_finished_sweep_is_reused_only_for_the_same_questions(compare, tmp_path):
+    """A sweep over 15 questions does not stand in for one over 20; a finished one over 20 is not redone."""
+    import json
+
+    (tmp_path / "noise.json").write_text(json.dumps({"questions": 15, "results": {"react": {"0": {}, "1": {}}}}))
+    job = compare.sweep_job(Path("c.yaml"), Path("m"), Path("h.jsonl"), Path("c.jsonl"), "react", [0.0, 1.0], 20,
+                            tmp_path)
+    assert job is not None and job[job.index("--limit") + 1] == "20"
+    (tmp_path / "noise.json").write_text(json.dumps({"questions": 20, "results": {"react": {"0": {}, "1": {}}}}))
+    assert compare.sweep_job(Path("c.yaml"), Path("m"), Path("h.jsonl"), Path("c.jsonl"), "react", [0.0, 1.0], 20,
+                             tmp_path) is None
