@@ -7,11 +7,13 @@ the Stage-1 model and an RL checkpoint of ``benchmarks/learning.py``, on its hel
 
 Reads what ``benchmarks/learning.py`` left under ``--out`` (the held-out split, the Stage-1 model, the run's
 checkpoints), runs the noise sweep (``python -m ziprl.eval --noise``, one process per model and strategy, one torch
-thread each, ``--workers`` at a time) for both models on the same questions and seeds, and
-writes ``benchmarks/results/learning_compare.{json,md}`` and ``learning_compare.png``. Two of the paper's claims are
-checked and reported as measured: adaptive's tokens per trajectory <= 0.5x ReAct's at >= ReAct's F1 (no noise), and
+thread each, ``--workers`` at a time) for both models on the same questions and seeds, and writes
+``benchmarks/results/learning_compare{,_claims,_diff}.{json,md}`` (the diff: RL - Stage 1 per strategy and noise
+level, F1 and Q_com, with 95% bootstrap intervals over questions) and ``learning_compare.png``. Two of the paper's
+claims are checked and reported as measured: adaptive's tokens per trajectory <= 0.5x ReAct's at >= ReAct's F1 (no noise), and
 adaptive's F1 falls least as the noise rises. Finished sweeps under ``--out/compare`` are read, not redone.
-The defaults (20 questions, noise 0 and 1) fit this 2-core machine: each cell is one 20-question evaluation.
+The defaults (20 questions, noise 0 and 1) fit this 2-core machine: each cell is one 20-question evaluation (15
+questions, all 20 cells: 34 min with two workers).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("f1", "em", "tokens_per_trajectory", "turns", "searches", "q_com", "format_error_rate")
+METRICS = ("f1", "em", "tokens_per_trajectory", "prompt_tokens_per_turn", "response_tokens_per_turn", "turns", "searches",
+           "q_com", "format_error_rate")
 
 
 def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy: str, levels: list[float],
@@ -65,22 +68,56 @@ def claims(results: dict, levels: list[float]) -> list[dict]:
     return rows
 
 
+def per_question(sweep: Path, strategy: str, level: float) -> dict[str, dict[str, float]]:
+    """F1 and mean Q_com (over its scored turns) of each question's trajectory in one cell of a sweep."""
+    import statistics
+
+    import pyarrow.parquet as pq
+
+    out = {}
+    for t in pq.read_table(sweep / f"noise_{level:g}" / f"trajectories_{strategy}.parquet").to_pylist():
+        scored = [turn["q_com"] for turn in t["turns"] if turn["q_com"] is not None]
+        out[t["question_id"]] = {"f1": t["f1"], "q_com": statistics.fmean(scored) if scored else None}
+    return out
+
+
+def diff_rows(before: dict[str, Path], after: dict[str, Path], levels: list[float]) -> list[dict]:
+    """RL - Stage 1 per strategy and noise level: mean of per-question differences with a 95% bootstrap interval."""
+    from learning import bootstrap
+
+    rows = []
+    for strategy, sweep in before.items():
+        for p in levels:
+            a, b = per_question(sweep, strategy, p), per_question(after[strategy], strategy, p)
+            for metric in ("f1", "q_com"):
+                d = [b[q][metric] - a[q][metric] for q in sorted(a)
+                     if q in b and a[q][metric] is not None and b[q][metric] is not None]
+                if d:
+                    mean, lo, hi = bootstrap([d])
+                    rows.append({"strategy": strategy, "noise": p, "metric": metric, "rl_minus_stage1": mean,
+                                 "ci95_low": lo, "ci95_high": hi, "questions": len(d)})
+    return rows
+
+
 def plot(results: dict, levels: list[float], path: Path) -> None:
     from ziprl.plots import _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for ax, key, label in zip(axes, ("f1", "tokens_per_trajectory", "q_com"), ("F1", "tokens / trajectory", "Q_com"),
                               strict=True):
         for model, style in zip(results, ("--", "-"), strict=False):
-            for strategy, by_p in results[model].items():
-                ax.plot(levels, [by_p[f"{p:g}"][key] for p in levels], style, marker="o", label=f"{strategy} ({model})")
+            for i, (strategy, by_p) in enumerate(results[model].items()):
+                ys = [by_p[f"{p:g}"][key] for p in levels]
+                if key == "q_com" and not any(ys):  # a strategy that does not compress has no Q_com
+                    continue
+                ax.plot(levels, ys, style, color=f"C{i}", marker="o", label=f"{strategy} ({model})")
         ax.set_xlabel("retrieval noise p")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[1].get_legend_handles_labels(), loc="center right", fontsize=7)
     fig.suptitle("Strategies on held-out questions: Stage 1 (dashed) vs RL (solid)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -122,10 +159,14 @@ def main() -> None:
                for name in models}
     rows = [{"model": m, "strategy": s, "noise": p} | {k: r[p][k] for k in METRICS}
             for m, by_s in results.items() for s, r in by_s.items() for p in r]
+    cells = [r[p]["seconds"] for by_s in results.values() for r in by_s.values() for p in r]
     meta = {"run": args.run, "step": step, "questions": args.limit, "noise": levels, "strategies": strategies,
-            "claims": claims(results, levels), "seconds": time.perf_counter() - t0}
+            "claims": claims(results, levels), "seconds": time.perf_counter() - t0,
+            "cell_seconds_total": sum(cells), "workers": args.workers}
     write_results("learning_compare", rows, meta)
     write_results("learning_compare_claims", meta["claims"], {"run": args.run, "step": step})
+    before, after = ({s: dirs[(name, s)] for s in strategies} for name in models)
+    write_results("learning_compare_diff", diff_rows(before, after, levels), {"run": args.run, "step": step})
     plot(results, levels, RESULTS / "learning_compare.png")
 
 

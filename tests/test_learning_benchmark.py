@@ -121,3 +121,23 @@ def test_a_finished_sweep_is_reused_only_for_the_same_questions(compare, tmp_pat
     (tmp_path / "noise.json").write_text(json.dumps({"questions": 20, "results": {"react": {"0": {}, "1": {}}}}))
     assert compare.sweep_job(Path("c.yaml"), Path("m"), Path("h.jsonl"), Path("c.jsonl"), "react", [0.0, 1.0], 20,
                              tmp_path) is None
+
+
+def test_compare_diff_pairs_questions_and_skips_turns_without_a_score(compare, tmp_path):
+    """RL - Stage 1 per question: F1 of each trajectory, Q_com averaged over its scored turns only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def sweep(name: str, cells: dict[str, tuple[float, list[float | None]]]) -> Path:
+        path = tmp_path / name / "noise_0" / "trajectories_adaptive.parquet"
+        path.parent.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([{"question_id": q, "f1": f1, "turns": [{"q_com": x} for x in qs]}
+                                             for q, (f1, qs) in cells.items()]), path)
+        return path.parents[1]
+
+    before = sweep("stage1", {"q1": (0.0, [0.2, None, 0.4]), "q2": (1.0, [0.5])})
+    after = sweep("rl", {"q2": (0.5, [0.7, None]), "q1": (1.0, [0.6, 0.6])})
+    rows = {r["metric"]: r for r in compare.diff_rows({"adaptive": before}, {"adaptive": after}, [0.0])}
+    assert rows["f1"]["rl_minus_stage1"] == pytest.approx((1.0 - 0.5) / 2)
+    assert rows["q_com"]["rl_minus_stage1"] == pytest.approx(((0.6 - 0.3) + (0.7 - 0.5)) / 2)
+    assert rows["q_com"]["questions"] == 2
