@@ -82,8 +82,9 @@ def test_back_pressure_is_an_error_that_the_client_waits_out(cluster, indexes, p
             outcomes.append(r.result())
         except BackPressureError:
             outcomes.append("refused")
-    assert "refused" in outcomes  # refused at once, not dropped silently
-    assert all(o == "refused" or [h.doc_id for h in o[0]] == [h.doc_id for h in outcomes[0][0]] for o in outcomes)
+    answered = [[h.doc_id for h in o[0]] for o in outcomes if o != "refused"]
+    assert "refused" in outcomes and answered  # refused at once (any of the 30, the first too), not dropped silently
+    assert all(ids == answered[0] for ids in answered)
     client = ServeRetrieverClient(handle, timeout_s=120)
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: client.search(queries, 3), range(30)))
