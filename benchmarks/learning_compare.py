@@ -10,8 +10,8 @@ checkpoints), runs the noise sweep (``python -m ziprl.eval --noise``, one proces
 thread each, ``--workers`` at a time) for both models on the same questions and seeds, and writes
 ``benchmarks/results/learning_compare{,_claims,_diff}.{json,md}`` (the diff: RL - Stage 1 per strategy and noise
 level, F1 and Q_com, with 95% bootstrap intervals over questions) and ``learning_compare.png``. Two of the paper's
-claims are checked and reported as measured: adaptive's tokens per trajectory <= 0.5x ReAct's at >= ReAct's F1 (no noise), and
-adaptive's F1 falls least as the noise rises. Finished sweeps under ``--out/compare`` are read, not redone.
+claims are checked and reported as measured: adaptive's tokens per trajectory <= 0.5x ReAct's at >= ReAct's F1 (no
+noise), and adaptive's F1 falls least as the noise rises. Finished sweeps under ``--out/compare`` are read, not redone.
 The defaults (20 questions, noise 0 and 1) fit this 2-core machine: each cell is one 20-question evaluation (15
 questions, all 20 cells: 34 min with two workers).
 """
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("f1", "em", "tokens_per_trajectory", "prompt_tokens_per_turn", "response_tokens_per_turn", "turns", "searches",
-           "q_com", "format_error_rate")
+METRICS = ("f1", "em", "tokens_per_trajectory", "prompt_tokens_per_turn", "response_tokens_per_turn", "turns",
+           "searches", "q_com", "format_error_rate")
 
 
 def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy: str, levels: list[float],
@@ -68,7 +68,7 @@ def claims(results: dict, levels: list[float]) -> list[dict]:
     return rows
 
 
-def per_question(sweep: Path, strategy: str, level: float) -> dict[str, dict[str, float]]:
+def cell_scores(sweep: Path, strategy: str, level: float) -> dict[str, dict[str, float]]:
     """F1 and mean Q_com (over its scored turns) of each question's trajectory in one cell of a sweep."""
     import statistics
 
@@ -88,7 +88,7 @@ def diff_rows(before: dict[str, Path], after: dict[str, Path], levels: list[floa
     rows = []
     for strategy, sweep in before.items():
         for p in levels:
-            a, b = per_question(sweep, strategy, p), per_question(after[strategy], strategy, p)
+            a, b = cell_scores(sweep, strategy, p), cell_scores(after[strategy], strategy, p)
             for metric in ("f1", "q_com"):
                 d = [b[q][metric] - a[q][metric] for q in sorted(a)
                      if q in b and a[q][metric] is not None and b[q][metric] is not None]

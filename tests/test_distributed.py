@@ -32,7 +32,7 @@ def test_a_child_forms_its_own_group_after_the_parent_formed_one():
 
 def test_a_launcher_port_is_kept():
     """A port the launcher set is the launcher's: read, never replaced or removed."""
-    code = ("import os\nfrom ziprl.learner.distributed import free_port, init_distributed\n"
+    code = ("import os\nfrom ziprl.learner.distributed import init_distributed\n"
             "port = os.environ['MASTER_PORT']\ninit_distributed()\nassert os.environ['MASTER_PORT'] == port\n"
             "import torch.distributed as d\nprint('group of', d.get_world_size())")
     from ziprl.learner.distributed import free_port
