@@ -172,23 +172,63 @@ def test_make_engine_builds_hf_engine(engine):
     assert isinstance(built, HFEngine) and built.device.type == "cpu"
 
 
-def test_shared_prefix_prefill_changes_nothing(engine, prompts, monkeypatch):
-    """The prompts' common system prompt is prefilled once for the batch: same greedy tokens, same log-probs."""
+@pytest.mark.parametrize("share_prefix", [True, False])
+@pytest.mark.parametrize("unpadded", [True, False])
+def test_prefill_variants_change_nothing(engine, prompts, monkeypatch, share_prefix, unpadded):
+    """The prompts' common system prompt prefilled once for the batch, and the rows' own tokens prefilled one row at
+    a time without padding: same greedy tokens and log-probs as one padded batch forward over everything."""
     from ziprl.policy import hf_engine, kv
 
-    shared = []
-    monkeypatch.setattr(hf_engine, "prefix_cache", lambda m, ids, *a: shared.append(ids.shape) or kv.prefix_cache(m, ids, *a))
+    calls = []
+    monkeypatch.setattr(hf_engine, "prefix_cache", lambda m, ids, *a: calls.append(("prefix", ids.shape[1])) or
+                        kv.prefix_cache(m, ids, *a))
+    monkeypatch.setattr(hf_engine, "stack_rows", lambda c, s, *a: calls.append(("rows", len(c), s)) or
+                        kv.stack_rows(c, s, *a))
+    monkeypatch.setattr(hf_engine, "UNPADDED_MIN_PADDING", 0.0)  # row by row whenever there is padding at all
     sampling = SamplingConfig(greedy=True, max_new_tokens=16, stop=[])
-    on = engine.generate(prompts, sampling)
-    assert shared and shared[0][1] == kv.shared_prefix_len(prompts) > 10  # the template's system prompt
-    engine.share_prefix = False
-    try:
-        off = engine.generate(prompts, sampling)
-    finally:
-        engine.share_prefix = True
-    assert len(shared) == 1 and [g.token_ids for g in on] == [g.token_ids for g in off]
-    for a, b in zip(on, off, strict=True):
+    monkeypatch.setattr(engine, "share_prefix", False)
+    monkeypatch.setattr(engine, "unpadded_prefill", False)
+    plain = engine.generate(prompts, sampling)
+    assert calls == []
+    monkeypatch.setattr(engine, "share_prefix", share_prefix)
+    monkeypatch.setattr(engine, "unpadded_prefill", unpadded)
+    got = engine.generate(prompts, sampling)
+    s = kv.shared_prefix_len(prompts) if share_prefix else 0
+    assert s > 10 or not share_prefix  # the template's system prompt
+    assert calls == ([("rows", len(prompts), s)] if unpadded else [("prefix", s)] if share_prefix else [])
+    assert [g.token_ids for g in got] == [g.token_ids for g in plain]
+    for a, b in zip(got, plain, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_rows_run_one_at_a_time_only_when_padding_is_a_large_share():
+    from ziprl.policy.hf_engine import UNPADDED_MIN_PADDING, padding_share
+
+    turns = [[0] * n for n in (476, 541, 636, 956, 505, 644, 764, 869)]  # agent turns, a 303-token system prompt
+    chat = [[0] * n for n in (46, 39, 42, 44, 42, 41, 44, 39)]  # chat questions, a 24-token template prefix
+    assert padding_share(turns, 303) == pytest.approx(1 - 2967 / (8 * 653))
+    assert padding_share(turns, 303) > UNPADDED_MIN_PADDING > padding_share(chat, 24)
+    assert padding_share([[0] * 5] * 3, 2) == 0.0
+
+
+def test_room_in_the_kv_cache_changes_nothing(engine, prompts, monkeypatch):
+    """Decoding appends into reserved room (no cache copy per step): same sampled tokens and log-probs as the
+    concatenating cache, with rows leaving the batch on the way (short answers end at EOS before 40 tokens)."""
+    from ziprl.policy import hf_engine, kv
+
+    monkeypatch.setattr(engine, "unpadded_prefill", False)  # the row-by-row prefill builds roomy caches itself
+    kinds = []
+    monkeypatch.setattr(hf_engine, "reserve_room", lambda c, room: kv.reserve_room(c, room) or kinds.append(
+        {type(layer) for layer in c.layers}))
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=40, stop=[])
+    roomy = engine.generate(prompts, sampling, seed=7)
+    assert kinds == [{kv.RoomyLayer}]
+    monkeypatch.setattr(hf_engine, "reserve_room", lambda c, room: None)
+    plain = engine.generate(prompts, sampling, seed=7)
+    assert [g.token_ids for g in roomy] == [g.token_ids for g in plain]
+    assert len({len(g.token_ids) for g in roomy}) > 1  # some rows finished early: batch_select_indices ran
+    for a, b in zip(roomy, plain, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
 def test_sampling_draws_each_token_at_its_probability_and_never_outside_the_nucleus():

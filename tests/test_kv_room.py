@@ -1,0 +1,74 @@
+"""A KV cache with reserved room: decoding into it gives what the concatenating DynamicCache gives, through growth,
+row selection and repeats; layers of other kinds are left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DynamicLayer
+
+from ziprl.policy.kv import RoomyLayer, cache_kwarg, output_cache, reserve_room
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _decode(model: LlamaForCausalLM, room: int | None, steps: int, drop_row_at: int | None = None) -> list[torch.Tensor]:
+    """Greedy decode of a 3-row batch; ``room`` None keeps the concatenating cache. Returns each step's logits."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, 64, (3, 5))
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+        cache = output_cache(out)
+        if room is not None:
+            reserve_room(cache, room)
+        logits = [out.logits[:, -1]]
+        for step in range(steps):
+            tok = logits[-1].argmax(-1, keepdim=True)
+            if step == drop_row_at:
+                keep = torch.tensor([0, 2])
+                cache.batch_select_indices(keep)
+                tok = tok[keep]
+            out = model(input_ids=tok, use_cache=True, **{cache_kwarg(model): cache})
+            logits.append(out.logits[:, -1])
+    return logits
+
+
+@pytest.mark.parametrize("room", [1, 3, 64])  # grows every step, every third step, never
+def test_room_decodes_as_concatenation_does(model, room):
+    ref = _decode(model, None, 10, drop_row_at=4)
+    got = _decode(model, room, 10, drop_row_at=4)
+    assert [t.shape for t in got] == [t.shape for t in ref] and got[-1].shape[0] == 2
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_reserve_room_writes_in_place_and_keeps_other_layers():
+    keys, values = torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4, 3)
+    cache = DynamicCache()
+    cache.update(keys, values, 0)
+    other = DynamicLayer()  # not initialized: nothing to reserve
+    cache.layers.append(other)
+    reserve_room(cache, 5)
+    layer = cache.layers[0]
+    assert isinstance(layer, RoomyLayer) and cache.layers[1] is other
+    assert torch.equal(layer.keys, keys) and layer.get_seq_length() == 4
+    buf = layer._key_buf
+    new_k, new_v = torch.randn(2, 1, 1, 3), torch.randn(2, 1, 1, 3)
+    k, v = layer.update(new_k, new_v)
+    assert layer._key_buf is buf and k.data_ptr() == buf.data_ptr()  # appended into the room, nothing copied
+    assert torch.equal(k, torch.cat([keys, new_k], 2)) and torch.equal(v, torch.cat([values, new_v], 2))
+    layer.batch_repeat_interleave(2)
+    assert layer.keys.shape == (4, 1, 5, 3) and torch.equal(layer.keys[1], layer.keys[0])
+    layer.crop(-2)
+    assert layer.get_seq_length() == 3 and torch.equal(layer.keys[0], keys[0, :, :3])
+    with pytest.raises(ValueError, match="negative"):
+        layer.crop(1)
+    layer.reset()
+    assert layer.get_seq_length() == 0
