@@ -1,5 +1,5 @@
 """A KV cache with reserved room: decoding into it gives what the concatenating DynamicCache gives, through growth,
-row selection and repeats; layers of other kinds are left alone."""
+row selection and repeats; layers of other kinds are left alone. Forked caches and rows stacked into a padded batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicLayer
 
-from ziprl.policy.kv import RoomyLayer, cache_kwarg, output_cache, reserve_room
+from ziprl.policy.kv import RoomyLayer, cache_kwarg, fork, output_cache, reserve_room, stack_rows
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,28 @@ def test_reserve_room_writes_in_place_and_keeps_other_layers():
         layer.crop(1)
     layer.reset()
     assert layer.get_seq_length() == 0
+
+
+def test_fork_leaves_the_original_as_it_was():
+    cache = DynamicCache()
+    keys = torch.randn(1, 1, 3, 2)
+    cache.update(keys, keys.clone(), 0)
+    forked = fork(cache)
+    forked.update(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), 0)
+    assert forked.get_seq_length() == 5 and cache.get_seq_length() == 3 and torch.equal(cache.layers[0].keys, keys)
+
+
+def test_stack_rows_lays_rows_out_as_a_left_padded_batch():
+    """Row lengths 2 + 1 and 2 + 3 after a 2-position prefix, width 5: the short row's own position sits at the right
+    end, zeros between, room after."""
+    rows = []
+    for n in (3, 5):
+        cache = DynamicCache()
+        k = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1) + 10 * n
+        cache.update(k, -k, 0)
+        rows.append(cache)
+    batch = stack_rows(rows, prefix=2, width=5, room=4)
+    layer = batch.layers[0]
+    assert isinstance(layer, RoomyLayer) and layer._key_buf.shape == (2, 1, 9, 1) and layer.get_seq_length() == 5
+    assert layer.keys[:, 0, :, 0].tolist() == [[30, 31, 0, 0, 32], [50, 51, 52, 53, 54]]
+    assert torch.equal(layer.values, -layer.keys)

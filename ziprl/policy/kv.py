@@ -4,7 +4,9 @@ transformers 5 names the cache argument and output ``cache`` (``past_key_values`
 4.x calls both ``past_key_values``. :func:`cache_kwarg` and :func:`output_cache` pick the model's own spelling.
 :func:`prefix_cache` runs a prefix once and repeats its keys and values over a batch, so rows that start with the
 same tokens (the system prompt of every turn) compute them once; gradients flow back through the repeat.
-:func:`reserve_room` lets a decode loop append to the cache in place instead of copying it every step.
+:func:`reserve_room` lets a decode loop append to the cache in place instead of copying it every step; :func:`fork`
+and :func:`stack_rows` let prompts of unequal length prefill one at a time after a shared prefix, then decode as one
+batch.
 """
 
 from __future__ import annotations
