@@ -211,6 +211,17 @@ def test_rows_run_one_at_a_time_only_when_padding_is_a_large_share():
     assert padding_share([[0] * 5] * 3, 2) == 0.0
 
 
+def test_rows_are_never_prefilled_alone_for_a_sliding_window_model(engine):
+    """Row caches stack into a padded batch only from full-attention layers: the config decides, before any forward."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    tiny = MistralForCausalLM(MistralConfig(vocab_size=len(engine.tokenizer), hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            sliding_window=8))
+    assert engine.unpadded_prefill  # the default model on CPU
+    assert not HFEngine(model=tiny, tokenizer=engine.tokenizer, unpadded_prefill=True).unpadded_prefill
+
+
 def test_room_in_the_kv_cache_changes_nothing(engine, prompts, monkeypatch):
     """Decoding appends into reserved room (no cache copy per step): same sampled tokens and log-probs as the
     concatenating cache, with rows leaving the batch on the way (short answers end at EOS before 40 tokens)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ziprl.config import SamplingConfig
@@ -58,7 +59,7 @@ class HFEngine(GenerationEngine):
     ``share_prefix``: prefill the prompts' common leading tokens once per batch (same tokens and log-probs).
     ``unpadded_prefill`` (default: on CPU): prefill prompts one at a time, computing no padding, when a padded batch
     would be more than ``UNPADDED_MIN_PADDING`` padding (on a CPU a padded position costs a real token's compute; a
-    GPU keeps the one padded batch).
+    GPU keeps the one padded batch; never for a model with sliding-window cache layers).
     A half-precision model it loads on CPU decodes with :mod:`ziprl.policy.cpu_attention` (a given model is left as is).
     """
 
@@ -76,7 +77,9 @@ class HFEngine(GenerationEngine):
         self.model = model.eval()
         self.share_prefix = share_prefix
         self.device = next(model.parameters()).device
-        self.unpadded_prefill = self.device.type == "cpu" if unpadded_prefill is None else unpadded_prefill
+        # rows stack into a padded batch only from plain (full-attention) cache layers, known from the config
+        plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+        self.unpadded_prefill = plain and (self.device.type == "cpu" if unpadded_prefill is None else unpadded_prefill)
         self._tokenizer = tokenizer
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -175,8 +178,7 @@ class HFEngine(GenerationEngine):
         next_pos = positions[:, -1] + 1
         if self.unpadded_prefill and padding_share(prompts, s) > UNPADDED_MIN_PADDING:
             last, caches = self._prefill_rows(prompts, s)
-            if all(type(layer) is DynamicLayer for layer in caches[0].layers):
-                return last, stack_rows(caches, s, width, room), mask, next_pos
+            return last, stack_rows(caches, s, width, room), mask, next_pos
         if s:
             cache = prefix_cache(self.model, ids[:1, :s], mask[:1, :s], positions[:1, :s], len(prompts))
             out = self.model(input_ids=ids[:, s:], attention_mask=mask, position_ids=positions[:, s:], use_cache=True,
