@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ziprl.learner.hardware import cpu_has_bf16, gemm_peak_flops, model_flop_utilisation
+from ziprl.learner.hardware import GemmPeak, cpu_has_bf16, gemm_peak_flops, model_flop_utilisation
 
 
 def test_mfu_is_six_n_d_over_time_and_peak():
@@ -28,6 +28,16 @@ def test_gemm_peak_is_measured_each_call(monkeypatch):
     first = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
     second = gemm_peak_flops(torch.float32, "cpu", n=64, reps=2)
     assert first > 0 and second > 0 and len(calls) == 2 * 3  # reps + 1 warm-up product, twice
+
+
+def test_the_learners_gemm_peak_is_measured_every_tenth_step(monkeypatch):
+    """A step's MFU uses a peak measured at most ``every`` steps before (re-measuring each step cost 8% of it)."""
+    from ziprl.learner import hardware
+
+    measured = iter(range(1, 100))
+    monkeypatch.setattr(hardware, "gemm_peak_flops", lambda dtype, device: float(next(measured)))
+    peak = GemmPeak(torch.float32, "cpu", every=10)
+    assert [peak() for _ in range(25)] == [1.0] * 10 + [2.0] * 10 + [3.0] * 5
 
 
 @pytest.mark.parametrize(("bf16_rate", "f32_rate", "expected"), [(900e9, 220e9, True), (190e9, 300e9, False),

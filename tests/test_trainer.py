@@ -235,13 +235,23 @@ def test_the_update_probe_reads_a_micro_batch_with_advantages(tiny_model_dir):
     assert stats["dlogp_pos_adv"] > 0 > stats["dlogp_neg_adv"]
 
 
-def test_the_update_probe_finds_each_advantage_sign_in_its_own_micro_batch(tiny_model_dir):
-    """One turn per micro-batch: no micro-batch holds both signs, yet both changes are measured."""
+@pytest.mark.parametrize("micro_batch_turns", [1, 4])
+def test_the_update_probe_finds_each_advantage_sign_in_its_own_micro_batch(tiny_model_dir, monkeypatch,
+                                                                           micro_batch_turns):
+    """One turn per micro-batch: no micro-batch holds both signs, yet both changes are measured (two forwards).
+    All four turns in one micro-batch: one forward measures both signs."""
+    from ziprl.learner import trainer as trainer_module
+
+    forwards = []
+    monkeypatch.setattr(trainer_module, "response_logprobs",
+                        lambda m, mb: forwards.append(mb.input_ids.size(0)) or response_logprobs(m, mb))
     trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=4, max_turns=1)  # rewards 0, 1, 0, 1
-    trainer = Trainer(make_cfg(lr=1e-3, beta=0.0, hrr_weight=0.0, micro_batch_turns=1), tiny_model_dir)
+    trainer = Trainer(make_cfg(lr=1e-3, beta=0.0, hrr_weight=0.0, micro_batch_turns=micro_batch_turns),
+                      tiny_model_dir)
     stats = trainer.train_step(trajectories)
     pos, neg = stats["dlogp_pos_adv"], stats["dlogp_neg_adv"]
     assert 0.0 not in (pos, neg) and pos > neg  # both measured; the similar responses can rise together
+    assert forwards == ([1, 1] if micro_batch_turns == 1 else [4])  # beta = 0: no reference forward
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + ZeRO-2/3 runs on a CUDA GPU; this machine has none")

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import token_weight
-from ziprl.policy.kv import cache_kwarg, prefix_cache, shared_prefix_len
+from ziprl.policy.kv import cache_kwarg, last_positions, prefix_cache, shared_prefix_len
 
 
 @dataclass
@@ -211,15 +211,16 @@ def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: flo
     start = batch.response_start - 1  # known on the host: no device sync before the forward
     keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
     s = batch.prefix_len
+    keep_at = last_positions(keep, batch.input_ids.size(1) - s, batch.input_ids.device)
     if s:
         cache = prefix_cache(model, batch.input_ids[:1, :s], batch.attention_mask[:1, :s],
                              batch.position_ids[:1, :s], batch.input_ids.size(0))
         out = model(input_ids=batch.input_ids[:, s:], attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids[:, s:], use_cache=False, logits_to_keep=keep,
+                    position_ids=batch.position_ids[:, s:], use_cache=False, logits_to_keep=keep_at,
                     **{cache_kwarg(model): cache})
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep)
+                    position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep_at)
     logits = out.logits[:, -keep:-1]
     return (logits if temperature == 1.0 else logits / temperature), start
 

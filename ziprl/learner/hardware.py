@@ -57,6 +57,21 @@ def gemm_peak_flops(dtype: torch.dtype, device: str, n: int = 2048, reps: int = 
     return 2 * n**3 / best
 
 
+class GemmPeak:
+    """:func:`gemm_peak_flops` of one dtype on one device, measured on the first call and every ``every``-th after
+    (a measurement took 0.37 s of a 4.8 s learner step: bf16, one CPU thread, benchmarks/vs_trl.py's step)."""
+
+    def __init__(self, dtype: torch.dtype, device: str, every: int = 10) -> None:
+        self.dtype, self.device, self.every = dtype, device, every
+        self.calls, self.value = 0, 0.0
+
+    def __call__(self) -> float:
+        if self.calls % self.every == 0:
+            self.value = gemm_peak_flops(self.dtype, self.device)
+        self.calls += 1
+        return self.value
+
+
 def model_flop_utilisation(num_params: int, tokens: float, seconds: float, peak_flops: float) -> float:
     """MFU = 6 N D / (t * peak): forward + backward of N parameters over D tokens against the GEMM peak."""
     return 6.0 * num_params * tokens / (seconds * peak_flops) if seconds > 0 and peak_flops > 0 else 0.0

@@ -50,7 +50,7 @@ from ziprl.learner.batch import (
     response_logprobs_and_entropy,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
-from ziprl.learner.hardware import bf16_pays, gemm_peak_flops, model_flop_utilisation
+from ziprl.learner.hardware import GemmPeak, bf16_pays, model_flop_utilisation
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
 from ziprl.registry import ENGINES, LOSSES
@@ -144,7 +144,7 @@ class Trainer:
             self.engine.enable_backward_allreduce = False  # one rank: averaging would only copy every gradient
         self.device = self.engine.device
         self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        self._peak_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self._gemm_peak = GemmPeak(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
 
         self.ref_model = None
         if lc.beta > 0:
@@ -220,7 +220,7 @@ class Trainer:
         clock["optimizer"] = time.perf_counter() - t0
         loss_sum, tokens, clipped, kl, ent, gap, tis, trained, computed = self._all_reduce(sums).tolist()
         seconds = time.perf_counter() - start
-        peak = gemm_peak_flops(self._peak_dtype, self.device.type)  # after the step, in the step's conditions
+        peak = self._gemm_peak()  # after the step, in the step's conditions
         out = {
             **stats,
             "loss": loss_sum,
@@ -243,8 +243,7 @@ class Trainer:
             "gemm_peak_tflops": peak / 1e12,
             "seconds": seconds,
         }
-        for sign, (mb, before, _) in probes.items():
-            out[f"dlogp_{sign}_adv"] = self._probe_update(mb, before, sign)
+        out.update(self._probe_update(probes))
         return out
 
     def _gradient_is_zero(self, rows: list[TurnRow]) -> bool:
@@ -267,13 +266,19 @@ class Trainer:
                 "policy_version": float(self.policy_version), "optimizer_seconds": time.perf_counter() - t0,
                 "zero_gradient": 1.0}
 
-    def _probe_update(self, mb: MicroBatch, before: torch.Tensor, sign: str) -> float:
-        """Mean change of log pi over this micro-batch's ``sign`` ("pos" | "neg") advantage response tokens after
-        the update (no grad; positive ones should rise, negative ones fall); 0 when it has none."""
-        with torch.no_grad(), self._compute():
-            after = response_logprobs(self.engine, mb)
-        sel = _sign_tokens(mb, sign)
-        return float((after - before)[sel].mean()) if sel.any() else 0.0
+    def _probe_update(self, probes: dict[str, tuple[MicroBatch, torch.Tensor, bool]]) -> dict[str, float]:
+        """``dlogp_{sign}_adv``: the mean change of log pi over each probed micro-batch's ``sign`` ("pos" | "neg")
+        advantage response tokens after the update (no grad; positive ones should rise, negative ones fall); 0 when
+        it has none. One forward per probed micro-batch; under ZeRO-3 one per sign, so every rank gathers alike."""
+        out, after = {}, {}
+        for sign, (mb, before, _) in probes.items():
+            key = id(mb) if self.zero_stage != 3 else sign
+            if key not in after:
+                with torch.no_grad(), self._compute():
+                    after[key] = response_logprobs(self.engine, mb)
+            sel = _sign_tokens(mb, sign)
+            out[f"dlogp_{sign}_adv"] = float((after[key] - before)[sel].mean()) if sel.any() else 0.0
+        return out
 
     def _compute(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around a forward when the learner computes in bf16 outside DeepSpeed's bf16 mode."""

@@ -31,6 +31,7 @@ from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
 from ziprl.policy.kv import (
     cache_kwarg,
     fork,
+    last_positions,
     output_cache,
     prefix_cache,
     reserve_room,
@@ -182,10 +183,10 @@ class HFEngine(GenerationEngine):
         if s:
             cache = prefix_cache(self.model, ids[:1, :s], mask[:1, :s], positions[:1, :s], len(prompts))
             out = self.model(input_ids=ids[:, s:], attention_mask=mask, position_ids=positions[:, s:], use_cache=True,
-                             logits_to_keep=1, **{cache_kwarg(self.model): cache})
+                             logits_to_keep=last_positions(1, width - s, self.device), **{cache_kwarg(self.model): cache})
         else:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                             logits_to_keep=1)
+                             logits_to_keep=last_positions(1, width, self.device))
         cache = output_cache(out)
         reserve_room(cache, room)
         return out.logits[:, -1, :], cache, mask, next_pos
