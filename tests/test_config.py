@@ -81,3 +81,13 @@ def test_removed_key_names_its_replacement(tmp_path):
     path.write_text("ray:\n  queue_size: 8\n")
     with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['queue_size'\] in ray.*ray.queue_size was removed"):
         load_config(path)
+
+
+def test_auto_engine_dtype_is_the_learners_compute_dtype():
+    from ziprl.config import ModelConfig, engine_dtype
+
+    assert engine_dtype(ModelConfig(), True).dtype == "bfloat16"
+    assert engine_dtype(ModelConfig(), False).dtype == "float32"
+    assert engine_dtype(ModelConfig(), None).dtype == "float32"  # no learner: evaluation, demos
+    assert engine_dtype(ModelConfig(dtype="float16"), True).dtype == "float16"  # an explicit dtype is kept
+    assert ModelConfig().dtype == "auto"

@@ -15,7 +15,7 @@ from ziprl.policy.rollout import rollout_groups
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["run.checkpoint_every=0"], "run.checkpoint_every must be >= 1"),
     (["env.window_size=0"], "env.window_size must be >= 1"),
-    (["model.dtype=float8"], "model.dtype must be float32, bfloat16 or float16, got 'float8'"),
+    (["model.dtype=float8"], "model.dtype must be float32, bfloat16, float16 or auto, got 'float8'"),
     (["learner.drop_zero_variance_groups=true", "rollout.group_size=1"],
      "learner.drop_zero_variance_groups=true drops every group when rollout.group_size=1"),
     (["model.engine=vllm", "model.device=cpu"], "model.engine=vllm runs on CUDA only"),

@@ -31,7 +31,7 @@ def test_two_ranks_on_ray_take_the_one_rank_step(cluster, tiny_model_dir, tmp_pa
     settings = {"micro_batch_turns": 2, "lr": 1e-3, "beta": 0.001}
     group = LearnerGroup(make_cfg(zero_stage=3, **settings), ranks=2, cpus=0.5, gpus=0)
     try:
-        assert group.call("build_trainer", str(tiny_model_dir)) == 0
+        assert group.call("build_trainer", str(tiny_model_dir)) == "float32"  # model.dtype auto: the learner's
         stats = group.call("train_step", ray.put([to_table(trajs)]))
         wref = group.call("publish")  # ZeRO-3: both ranks gather (bucket by bucket), rank 0 puts
         published = {n: t.numpy() for b in ray.get(list(wref.buckets)) for n, t in unpack(b.metas, b.data).items()}

@@ -50,3 +50,27 @@ def test_cli_reports_config_errors(capsys):
 
     assert main(["--set", "learner.loss_norm=mean"]) == 2
     assert "learner.loss_norm" in capsys.readouterr().err
+
+
+class _Built(Exception):
+    """Raised by the stand-in engine factory: the run stops once the engine's config is known."""
+
+
+@pytest.mark.parametrize(("dtype", "bf16", "engine_dtype"), [("auto", True, "bfloat16"), ("auto", False, "float32"),
+                                                           ("float32", True, "float32")])
+def test_the_engine_generates_in_the_learners_dtype_under_auto(tiny_model_dir, tmp_path, monkeypatch, dtype, bf16,
+                                                               engine_dtype):
+    """model.dtype=auto: the engine takes the dtype the learner computes in (decided by the Trainer); an explicit
+    dtype is kept."""
+    import ziprl.policy
+    from ziprl.loop.in_process import train
+
+    def make_engine(model_cfg, path):
+        raise _Built(model_cfg.dtype)
+
+    monkeypatch.setattr(ziprl.policy, "make_engine", make_engine)
+    cfg = _cfg(tiny_model_dir, tmp_path, 1)
+    cfg.model.dtype, cfg.learner.bf16 = dtype, bf16
+    with pytest.raises(_Built) as built:
+        train(cfg, progress=False)
+    assert built.value.args == (engine_dtype,)

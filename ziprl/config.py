@@ -119,7 +119,10 @@ class ModelConfig:
     cache_dir: str = opt("~/.cache/ziprl", "where the converted default model, Stage 1 runs and compiled "
                                            "ops are cached ($ZIPRL_CACHE overrides it; indexes and corpora "
                                            "live under $ZIPRL_CACHE or ~/.cache/ziprl).")
-    dtype: str = opt("float32", "float32 | bfloat16 | float16: weights of the generation engine.")
+    dtype: str = opt("auto", "float32 | bfloat16 | float16 | auto: weights of the generation engine; auto = the "
+                             "learner's compute dtype for engines that generate for a learner (bfloat16 where "
+                             "learner.bf16 is on or chosen, else float32), float32 for an engine on its own "
+                             "(evaluation, demos).")
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
     engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
                             "lazily imported); ziprl/policy/engines/.")
@@ -353,7 +356,8 @@ class ZipRLConfig:
             (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
             (engine is not None, f"model.engine must be a registered engine ({', '.join(ENGINES)}), "
              f"got {self.model.engine!r}"),
-            (self.model.dtype in DTYPES, f"model.dtype must be float32, bfloat16 or float16, got {self.model.dtype!r}"),
+            (self.model.dtype in (*DTYPES, "auto"),
+             f"model.dtype must be float32, bfloat16, float16 or auto, got {self.model.dtype!r}"),
             (engine is None or engine.cpu or self.model.device != "cpu",
              f"model.engine={self.model.engine} runs on CUDA only: set model.device=auto (or cuda), or model.engine="
              f"{' | '.join(n for n in ENGINES if ENGINES[n].cpu)} for the CPU"),
@@ -410,6 +414,14 @@ class ZipRLConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def engine_dtype(model: ModelConfig, learner_bf16: bool | None) -> ModelConfig:
+    """``model`` with ``dtype=auto`` resolved: the learner's compute dtype (``learner_bf16``, as the learner decided
+    it), float32 with no learner (None); an explicit dtype is kept."""
+    if model.dtype != "auto":
+        return model
+    return dataclasses.replace(model, dtype="bfloat16" if learner_bf16 else "float32")
 
 
 MIN_RESPONSE_CHARS = 64  # env.max_response_chars floor: a compress block plus one action

@@ -11,6 +11,7 @@ possible) and rendezvous at rank 0: on 127.0.0.1 when every rank shares its node
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -21,7 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ziprl.actors.weight_sync import SendsWeights, WeightSource
-from ziprl.config import ConfigError, ZipRLConfig, from_dict
+from ziprl.config import ConfigError, ZipRLConfig, engine_dtype, from_dict
 from ziprl.env.trajectory import from_table
 
 PLACEMENT_TIMEOUT_S = 300
@@ -54,12 +55,14 @@ class LearnerWorker(SendsWeights):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
 
-    def build_trainer(self, model_path: str) -> int:
-        """The RL trainer over ``model_path``; returns its policy version (0)."""
+    def build_trainer(self, model_path: str) -> str:
+        """The RL trainer over ``model_path``; returns the engines' dtype (``model.dtype``, auto resolved to this
+        learner's compute dtype; it is also the weights' wire dtype)."""
         from ziprl.learner.trainer import Trainer
 
         self.trainer = Trainer(self.cfg, model_path)
-        return self.trainer.policy_version
+        self.cfg = dataclasses.replace(self.cfg, model=engine_dtype(self.cfg.model, self.trainer.bf16))
+        return self.cfg.model.dtype
 
     def sft(self, demos: str, out_dir: str) -> str:
         """Stage 1: cold-start SFT on the demo file; returns the written model directory."""
