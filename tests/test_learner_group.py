@@ -66,3 +66,14 @@ def test_asking_for_gpus_a_local_cluster_lacks_fails_before_any_work(cluster, ca
     check_gpus(cfg)
     assert "until the autoscaler adds GPUs" in capsys.readouterr().err
     check_gpus(load_config(None, []))  # the CPU defaults ask for none
+
+
+@pytest.mark.parametrize(("bf16", "wire"), [(True, "bfloat16"), (False, "float32")])
+def test_a_learner_rank_sends_its_compute_dtype_under_auto_engine_dtype(tiny_model_dir, bf16, wire):
+    """model.dtype=auto: the rank reports the engines' dtype as its own compute dtype, and its pushes travel in it."""
+    from ziprl.actors.learner_actor import LearnerWorker
+
+    worker = LearnerWorker(make_cfg(bf16=bf16).to_dict())
+    assert worker.cfg.model.dtype == "auto"
+    assert worker.build_trainer(str(tiny_model_dir)) == wire
+    assert {dtype for _, dtype, _ in worker.weight_metas()} == {wire}
