@@ -43,7 +43,7 @@ def peak_rss_mb() -> float:
 
 
 def run_ziprl(steps: int) -> dict:
-    from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, engine_dtype
+    from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, resolve_engine_dtype
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.trainer import Trainer
     from ziprl.policy import HFEngine, resolve_model_path
@@ -52,7 +52,7 @@ def run_ziprl(steps: int) -> dict:
     cfg = ZipRLConfig()
     cfg.learner.lr, cfg.learner.beta, cfg.learner.micro_batch_turns = LR, BETA, len(PROMPTS) * G
     trainer = Trainer(cfg, path)
-    dtype = engine_dtype(cfg.model, trainer.bf16).dtype
+    dtype = resolve_engine_dtype(cfg.model, trainer.bf16).dtype
     engine = HFEngine(path, device="cpu", dtype=dtype)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW_TOKENS, stop=[])
     prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]

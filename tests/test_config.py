@@ -84,10 +84,10 @@ def test_removed_key_names_its_replacement(tmp_path):
 
 
 def test_auto_engine_dtype_is_the_learners_compute_dtype():
-    from ziprl.config import ModelConfig, engine_dtype
+    from ziprl.config import ModelConfig, resolve_engine_dtype
 
-    assert engine_dtype(ModelConfig(), True).dtype == "bfloat16"
-    assert engine_dtype(ModelConfig(), False).dtype == "float32"
-    assert engine_dtype(ModelConfig(), None).dtype == "float32"  # no learner: evaluation, demos
-    assert engine_dtype(ModelConfig(dtype="float16"), True).dtype == "float16"  # an explicit dtype is kept
+    assert resolve_engine_dtype(ModelConfig(), True).dtype == "bfloat16"
+    assert resolve_engine_dtype(ModelConfig(), False).dtype == "float32"
+    assert resolve_engine_dtype(ModelConfig(), None).dtype == "float32"  # no learner: evaluation, demos
+    assert resolve_engine_dtype(ModelConfig(dtype="float16"), True).dtype == "float16"  # an explicit dtype is kept
     assert ModelConfig().dtype == "auto"

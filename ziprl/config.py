@@ -416,7 +416,7 @@ class ZipRLConfig:
         return dataclasses.asdict(self)
 
 
-def engine_dtype(model: ModelConfig, learner_bf16: bool | None) -> ModelConfig:
+def resolve_engine_dtype(model: ModelConfig, learner_bf16: bool | None) -> ModelConfig:
     """``model`` with ``dtype=auto`` resolved: the learner's compute dtype (``learner_bf16``, as the learner decided
     it), float32 with no learner (None); an explicit dtype is kept."""
     if model.dtype != "auto":

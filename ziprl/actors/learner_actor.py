@@ -22,7 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ziprl.actors.weight_sync import SendsWeights, WeightSource
-from ziprl.config import ConfigError, ZipRLConfig, engine_dtype, from_dict
+from ziprl.config import ConfigError, ZipRLConfig, from_dict, resolve_engine_dtype
 from ziprl.env.trajectory import from_table
 
 PLACEMENT_TIMEOUT_S = 300
@@ -61,7 +61,7 @@ class LearnerWorker(SendsWeights):
         from ziprl.learner.trainer import Trainer
 
         self.trainer = Trainer(self.cfg, model_path)
-        self.cfg = dataclasses.replace(self.cfg, model=engine_dtype(self.cfg.model, self.trainer.bf16))
+        self.cfg = dataclasses.replace(self.cfg, model=resolve_engine_dtype(self.cfg.model, self.trainer.bf16))
         return self.cfg.model.dtype
 
     def sft(self, demos: str, out_dir: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import ZipRLConfig, check_top_k, engine_dtype
+from ziprl.config import ZipRLConfig, check_top_k, resolve_engine_dtype
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.loop.source import Completion, job_stats
 from ziprl.policy.engine import GenerationEngine
@@ -80,7 +80,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     retriever = Retriever.from_config(retriever_config_for(cfg))
     check_top_k(cfg.env, len(retriever))
     trainer = Trainer(cfg, model_path)
-    engine = make_engine(engine_dtype(cfg.model, trainer.bf16), model_path)
+    engine = make_engine(resolve_engine_dtype(cfg.model, trainer.bf16), model_path)
     source = InProcessSource(cfg, engine, lambda: SearchCompressEnv(cfg.env, retriever=retriever, examples=examples))
     push = InProcessPush(trainer.named_weights_numpy, engine)
     logger = MetricsLogger(cfg.run.out_dir)

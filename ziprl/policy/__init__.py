@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ziprl.config import ModelConfig, engine_dtype
+from ziprl.config import ModelConfig, resolve_engine_dtype
 from ziprl.policy.engine import EngineSpec, Generation, GenerationEngine
 from ziprl.policy.models import (
     ModelPathError,
@@ -49,7 +49,7 @@ def make_engine(model_cfg: ModelConfig, path: str | Path | None = None) -> Gener
 
     An unregistered name raises the registry's KeyError, which lists the registered engines.
     """
-    model_cfg = engine_dtype(model_cfg, None)  # an engine generating for a learner comes with its dtype resolved
+    model_cfg = resolve_engine_dtype(model_cfg, None)  # engines generating for a learner come resolved
     spec: EngineSpec = ENGINES[model_cfg.engine]
     if model_cfg.num_threads:
         import torch
