@@ -21,7 +21,7 @@ def test_cpu_bf16_flags_are_read_from_cpuinfo():
 
 
 def test_gemm_peak_is_measured_each_call(monkeypatch):
-    """Measured anew each call (no cache), so a step's MFU compares with the device as the step found it."""
+    """Measured anew each call (no cache): the learner's ``GemmPeak`` decides how often (below)."""
     calls = []
     real_mm = torch.mm
     monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(1) or real_mm(a, b))
