@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ziprl.config import ConfigError, ZipRLConfig
+from ziprl.config import ConfigError, ZipRLConfig, resolve_engine_dtype
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import (
@@ -67,7 +67,7 @@ def warmup_factor(warmup_steps: int):
 def rollout_matches_learner(cfg: ZipRLConfig, bf16: bool) -> bool:
     """True when the generating engine computes exactly the learner's numerics (its spec's ``exact_logprobs``,
     e.g. HF in float32) and the learner runs in float32."""
-    return ENGINES[cfg.model.engine].exact_logprobs(cfg.model) and not bf16
+    return ENGINES[cfg.model.engine].exact_logprobs(resolve_engine_dtype(cfg.model, bf16)) and not bf16
 
 
 def tis_cap(cfg: ZipRLConfig, bf16: bool) -> float | None:

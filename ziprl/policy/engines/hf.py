@@ -19,6 +19,6 @@ def build(cls: type[GenerationEngine], m: ModelConfig, path: Path) -> Generation
     return cls(path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code)
 
 
-# float32 weights compute the learner's float32 log-probs exactly (auto is float32 beside a float32 learner)
+# float32 weights compute the learner's float32 log-probs exactly
 SPEC = ENGINES.register("hf", order=0)(EngineSpec(engine_class, build, cpu=True,
-                                                  exact_logprobs=lambda m: m.dtype in ("float32", "auto")))
+                                                  exact_logprobs=lambda m: m.dtype == "float32"))
