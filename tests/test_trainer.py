@@ -219,6 +219,20 @@ def test_step_logs_mismatch_timings_and_the_update_probe(tiny_model_dir):
     assert stats["trained_tokens"] >= stats["tokens"] and 0 < stats["mfu"] < 1
 
 
+def test_the_step_parts_are_timed_by_the_devices_clock(tiny_model_dir, monkeypatch):
+    """Every part of the split reads the learner device's clock (on CUDA one that waits for queued kernels): a
+    clock that ticks 1 per reading gives 1 s per part per micro-batch."""
+    from ziprl.learner import trainer as trainer_module
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(trainer_module, "device_clock", lambda device: lambda: float(next(ticks)))
+    trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=4, max_turns=1)
+    trainer = Trainer(make_cfg(lr=1e-3, beta=0.001, micro_batch_turns=2), tiny_model_dir)
+    stats = trainer.train_step(trajectories)  # 4 turns: 2 micro-batches
+    assert [stats[f"{p}_seconds"] for p in ("forward", "reference", "backward", "optimizer")] == [2.0, 2.0, 2.0, 1.0]
+    assert stats["seconds"] == 11.0  # readings: the start, 4 per micro-batch, 2 around the optimizer, the end
+
+
 def test_the_update_probe_reads_a_micro_batch_with_advantages(tiny_model_dir):
     """Equal rewards (A_GRPO = 0) with w = 0.2: only the scored turns carry an advantage, and the first turns (the
     shortest, so the first micro-batch) carry none; the probe must measure the micro-batch that has them."""

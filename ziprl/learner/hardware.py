@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -70,6 +71,19 @@ class GemmPeak:
             self.value = gemm_peak_flops(self.dtype, self.device)
         self.calls += 1
         return self.value
+
+
+def device_clock(device: torch.device) -> Callable[[], float]:
+    """A clock for the work queued on ``device``: on CUDA it first waits for the queued kernels (they run
+    asynchronously, so a plain clock bills a forward to whatever waits next: the loss's ``.item()``, the backward)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return clock
 
 
 def model_flop_utilisation(num_params: int, tokens: float, seconds: float, peak_flops: float) -> float:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +49,7 @@ from ziprl.learner.batch import (
     response_logprobs_and_entropy,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
-from ziprl.learner.hardware import GemmPeak, bf16_pays, model_flop_utilisation
+from ziprl.learner.hardware import GemmPeak, bf16_pays, device_clock, model_flop_utilisation
 from ziprl.paths import atomic_dir
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
 from ziprl.registry import ENGINES, LOSSES
@@ -145,6 +144,7 @@ class Trainer:
         self.device = self.engine.device
         self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self._gemm_peak = GemmPeak(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
+        self._clock = device_clock(self.device)  # the step's parts timed as the device runs them
 
         self.ref_model = None
         if lc.beta > 0:
@@ -166,7 +166,7 @@ class Trainer:
         is 0 with beta = 0 (zero-variance groups, w = 0) has a zero gradient, so its step runs no forward or
         backward (``zero_gradient`` = 1; on one ZeRO-0 rank, else it is computed).
         """
-        start = time.perf_counter()
+        start = self._clock()
         lc = self.cfg.learner
         adv = compute_advantages(trajectories, lc)
         stats = {k: adv.stats[k] for k in ("adv_mean", "adv_std", "hrr_abs_mean", "zero_variance_frac")}
@@ -174,9 +174,9 @@ class Trainer:
                           budget=self.cfg.env.max_turns * self.cfg.sampling.max_new_tokens)
         policy_loss = LOSSES[lc.policy_loss]
         if not rows:
-            return {**stats, "skipped": 1.0, "seconds": time.perf_counter() - start}
+            return {**stats, "skipped": 1.0, "seconds": self._clock() - start}
         if self._gradient_is_zero(rows):
-            return {**stats, **self._zero_gradient_step(rows), "seconds": time.perf_counter() - start}
+            return {**stats, **self._zero_gradient_step(rows), "seconds": self._clock() - start}
 
         # per token sums: loss, tokens, clipped, kl, entropy, |mismatch|, tis weight; then trained (real) tokens
         # and the tokens the forward ran (a shared prefix once per micro-batch)
@@ -184,20 +184,20 @@ class Trainer:
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
         mismatch_max, probes = 0.0, {}
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
-            t0 = time.perf_counter()
+            t0 = self._clock()
             with self._compute():
                 logp, entropy = response_logprobs_and_entropy(self.engine, mb)
-            t1 = time.perf_counter()
+            t1 = self._clock()
             ref_logp = None
             if self.ref_model is not None:
                 with torch.no_grad(), self._compute():
                     ref_logp = response_logprobs(self.ref_model, mb)
-            t2 = time.perf_counter()
+            t2 = self._clock()
             # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
             loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps,
                                    self.tis_cap)
             self.engine.backward(loss * world_size())  # DeepSpeed averages over ranks; the weights already sum
-            t3 = time.perf_counter()
+            t3 = self._clock()
             clock["forward"] += t1 - t0
             clock["reference"] += t2 - t1
             clock["backward"] += t3 - t2
@@ -215,11 +215,11 @@ class Trainer:
                                       float(mb.attention_mask.sum()), float(computed_tokens(mb))])
                 mismatch_max = max(mismatch_max, st["mismatch_abs_max"])
         lr = self.lr
-        t0 = time.perf_counter()
+        t0 = self._clock()
         grad_norm = self._optimizer_step()
-        clock["optimizer"] = time.perf_counter() - t0
+        clock["optimizer"] = self._clock() - t0
         loss_sum, tokens, clipped, kl, ent, gap, tis, trained, computed = self._all_reduce(sums).tolist()
-        seconds = time.perf_counter() - start
+        seconds = self._clock() - start
         peak = self._gemm_peak()  # after the step, in the step's conditions
         out = {
             **stats,
@@ -258,12 +258,12 @@ class Trainer:
         lr = self.lr
         for p in self.engine.module.parameters():
             p.grad = torch.zeros_like(p)
-        t0 = time.perf_counter()
+        t0 = self._clock()
         grad_norm = self._optimizer_step()
         tokens = float(sum(len(r.input_ids) - r.response_start for r in rows))
         return {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
                 "trained_tokens": 0.0, "computed_tokens": 0.0, "turns": float(len(rows)),
-                "policy_version": float(self.policy_version), "optimizer_seconds": time.perf_counter() - t0,
+                "policy_version": float(self.policy_version), "optimizer_seconds": self._clock() - t0,
                 "zero_gradient": 1.0}
 
     def _probe_update(self, probes: dict[str, tuple[MicroBatch, torch.Tensor, bool]]) -> dict[str, float]:
@@ -292,7 +292,7 @@ class Trainer:
         ``rows`` carry ``input_ids`` and ``response_start`` (see ``ziprl.learner.sft.sft_rows``); they are
         split into micro-batches of ``micro_batch_size`` rows (default ``learner.micro_batch_turns``).
         """
-        start = time.perf_counter()
+        start = self._clock()
         if not rows:
             raise ValueError("sft_step needs at least one row")
         n = sum(len(r.input_ids) - r.response_start for r in rows)
@@ -314,7 +314,7 @@ class Trainer:
         grad_norm = self._optimizer_step()
         loss_sum, tokens = self._all_reduce(sums).tolist()
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
-                "seconds": time.perf_counter() - start}
+                "seconds": self._clock() - start}
 
     def _micro_batches(self, rows: list[TurnRow], size: int) -> Iterator[tuple[MicroBatch, bool]]:
         """This rank's micro-batches on the device; yields (micro-batch, is_real).

@@ -1,0 +1,170 @@
+"""GRPO steps on one CUDA GPU at real models' shapes: HFEngine rollouts in bf16, the DeepSpeed bf16 learner, the
+weight push back into the engine. Random-initialised weights of each named architecture with SmolLM2's tokenizer
+(nothing downloaded): the seconds, tokens and MFU are the real ones, the text is noise (every turn runs to its
+token limit, the heaviest rollout).
+
+    python benchmarks/gpu_step.py [--archs smollm2-135m,qwen3-0.6b,qwen3-1.7b] [--questions 8] [--group 8]
+                                  [--turns 2] [--prompt-tokens 1024] [--new-tokens 256] [--micro-batch 16]
+                                  [--zero-stage 2] [--steps 2] [--tokenizer DIR] [--name gpu_step]
+
+Per architecture, the mean over the steps after the first (which warms up kernels and the allocator): rollout
+tokens/s (one padded batch of questions x group rows per turn), the learner's forward, reference, backward and
+optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learner seconds against the bf16 GEMM
+peak measured in the same run), and the push (``named_weights_numpy`` -> ``load_weights``, the in-process path).
+Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import write_results  # noqa: E402
+
+ARCHS = {  # name: (transformers config class, its published shape)
+    "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                         head_dim=64, rope_theta=100000.0, max_position_embeddings=8192)),
+    "qwen3-0.6b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                       head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960)),
+    "qwen3-1.7b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                       head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960)),
+}
+PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_seconds", "seconds", "mfu",
+         "gemm_peak_tflops", "computed_tokens", "trained_tokens")
+
+
+def build_model(arch: str, tokenizer, out: Path) -> Path:
+    """A random-initialised ``arch`` (tied embeddings, bf16 on disk) with ``tokenizer``, saved to ``out``."""
+    import torch
+    import transformers
+
+    cls_name, shape = ARCHS[arch]
+    tok = tokenizer
+    config = getattr(transformers, cls_name)(**shape, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def rollout(engine, tokenizer, args, rng: random.Random, step: int) -> tuple[list, float, int]:
+    """``questions`` x ``group`` trajectories of ``turns`` turns, each turn one padded batch of every row."""
+    from ziprl.config import SamplingConfig
+    from ziprl.env.trajectory import Trajectory, Turn
+    from ziprl.learner.sft import chat_prompt_ids
+
+    filler = " ".join(f"passage {i} says the river runs north of the old mill." for i in range(args.prompt_tokens))
+    context = tokenizer.decode(tokenizer(filler, add_special_tokens=False)["input_ids"][: args.prompt_tokens - 32])
+    rows = [(q, i) for q in range(args.questions) for i in range(args.group)]
+    turns: dict[tuple[int, int], list] = {r: [] for r in rows}
+    seconds, tokens = 0.0, 0
+    for t in range(args.turns):
+        prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": f"Question {q}, turn {t}: {context}"}])
+                   for q, _ in rows]
+        t0 = time.perf_counter()
+        gens = engine.generate(prompts, SamplingConfig(max_new_tokens=args.new_tokens, stop=[]),
+                               seed=1000 * step + t)
+        seconds += time.perf_counter() - t0
+        for r, p, g in zip(rows, prompts, gens, strict=True):
+            tokens += len(g.token_ids)
+            turns[r].append(Turn(prompt_ids=p, response_ids=g.token_ids, logprobs=g.logprobs, response_text=g.text,
+                                 q_com=rng.random() if t else None))
+    trajectories = [Trajectory(question_id=f"q{q}", question=f"Question {q}", answers=["north"], group_id=f"g{q}",
+                               sample_index=i, reward=float(rng.random() < 0.5), turns=turns[(q, i)])
+                    for q, i in rows]
+    return trajectories, seconds, tokens
+
+
+def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
+    """``args.steps`` rollout -> learner -> push steps on a fresh ``arch``; the mean of the steps after the first."""
+    import torch
+
+    from ziprl.config import ZipRLConfig
+    from ziprl.learner.trainer import Trainer
+    from ziprl.policy import HFEngine
+
+    path = build_model(arch, tokenizer, workdir / arch)
+    cfg = ZipRLConfig()
+    cfg.learner.bf16, cfg.learner.zero_stage, cfg.learner.micro_batch_turns = True, args.zero_stage, args.micro_batch
+    trainer = Trainer(cfg, path)
+    engine = HFEngine(path, dtype="bfloat16", device="cuda")
+    rng, steps = random.Random(0), []
+    for step in range(args.steps):
+        trajectories, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
+        out = trainer.train_step(trajectories)
+        t0 = time.perf_counter()
+        engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
+        torch.cuda.synchronize()
+        push_s = time.perf_counter() - t0
+        steps.append({"gen_s": gen_s, "gen_tokens_per_s": gen_tokens / gen_s, "push_s": push_s,
+                      **{k: out[k] for k in PARTS}})
+        print(f"  {arch} step {step}: generation {gen_s:.1f} s ({gen_tokens / gen_s:.0f} tok/s), learner "
+              f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.2f} s", flush=True)
+    kept = steps[1:] or steps
+    row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,
+           "turns": args.turns, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+           "zero_stage": args.zero_stage, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    row.update({k: statistics.mean(s[k] for s in kept) for k in kept[0]})
+    del trainer, engine
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--archs", default="smollm2-135m,qwen3-0.6b,qwen3-1.7b", help=f"of {', '.join(ARCHS)}")
+    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=16, help="learner.micro_batch_turns")
+    ap.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed's bf16 mode needs ZeRO >= 1")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
+    ap.add_argument("--name", default="gpu_step")
+    args = ap.parse_args(argv)
+    unknown = [a for a in args.archs.split(",") if a not in ARCHS]
+    if unknown:
+        print(f"gpu_step: unknown architecture {unknown}; choose from {', '.join(ARCHS)}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_step: no CUDA GPU visible to PyTorch: nothing to measure")
+        return 0
+    from ziprl.config import ModelConfig
+    from ziprl.policy.models import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer(args.tokenizer or resolve_model_path(ModelConfig()))
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "steps": args.steps, "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu_step-") as tmp:
+        for arch in args.archs.split(","):
+            print(f"gpu_step: {arch}", flush=True)
+            rows.append(measure(arch, tokenizer, args, Path(tmp)))
+            write_results(args.name, rows, meta)  # after each architecture: a cut-short run keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
