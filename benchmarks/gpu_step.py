@@ -10,7 +10,9 @@ token limit, the heaviest rollout).
 Per architecture, the mean over the steps after the first (which warms up kernels and the allocator): rollout
 tokens/s (one padded batch of questions x group rows per turn), the learner's forward, reference, backward and
 optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learner seconds against the bf16 GEMM
-peak measured in the same run), and the push (``named_weights_numpy`` -> ``load_weights``, the in-process path).
+peak measured in the same run), and the push: ``push_s`` the in-process push (``InProcessPush``: the learner's
+weights copied on the GPU in the engine's dtype), ``push_host_s`` the same weights through float32 host arrays
+(``named_weights_numpy`` -> ``load_weights``, the in-process path before), both every step.
 Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU it says so and exits 0.
 """
 
@@ -98,6 +100,7 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
 
     from ziprl.config import ZipRLConfig
     from ziprl.learner.trainer import Trainer
+    from ziprl.loop.in_process import InProcessPush
     from ziprl.policy import HFEngine
 
     path = build_model(arch, tokenizer, workdir / arch)
@@ -105,6 +108,7 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     cfg.learner.bf16, cfg.learner.zero_stage, cfg.learner.micro_batch_turns = True, args.zero_stage, args.micro_batch
     trainer = Trainer(cfg, path)
     engine = HFEngine(path, dtype="bfloat16", device="cuda")
+    push = InProcessPush(trainer.named_weights, engine)
     rng, steps = random.Random(0), []
     for step in range(args.steps):
         trajectories, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
@@ -112,11 +116,13 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
         t0 = time.perf_counter()
         engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
         torch.cuda.synchronize()
-        push_s = time.perf_counter() - t0
+        push_host_s = time.perf_counter() - t0
+        push_s = push.push(trainer.policy_version)["seconds"]
         steps.append({"gen_s": gen_s, "gen_tokens_per_s": gen_tokens / gen_s, "push_s": push_s,
-                      **{k: out[k] for k in PARTS}})
+                      "push_host_s": push_host_s, **{k: out[k] for k in PARTS}})
         print(f"  {arch} step {step}: generation {gen_s:.1f} s ({gen_tokens / gen_s:.0f} tok/s), learner "
-              f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.2f} s", flush=True)
+              f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.3f} s (through the host "
+              f"{push_host_s:.2f} s)", flush=True)
     kept = steps[1:] or steps
     row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,
            "turns": args.turns, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,

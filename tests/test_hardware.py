@@ -38,6 +38,21 @@ def test_gemm_peak_is_measured_each_call(monkeypatch):
     assert first > 0 and second > 0 and len(calls) == 2 * 3  # reps + 1 warm-up product, twice
 
 
+@pytest.mark.parametrize(("device", "n"), [("cpu", 2048), ("cuda", 8192), ("cuda:1", 8192)])
+def test_the_gemm_peak_is_measured_at_a_size_that_fills_the_device(monkeypatch, device, n):
+    """A GPU reaches its peak only on large products (an H100: 2048² bf16 at 254-418 TFLOP/s, 8192² ~800)."""
+    sizes = []
+
+    def randn(*shape, device):
+        sizes.append((shape, device))
+        raise StopIteration  # the size is all this test needs; no product runs
+
+    monkeypatch.setattr(torch, "randn", randn)
+    with pytest.raises(StopIteration):
+        gemm_peak_flops(torch.bfloat16, device)
+    assert sizes == [((n, n), device)]
+
+
 def test_the_learners_gemm_peak_is_measured_every_tenth_step(monkeypatch):
     """A step's MFU uses a peak measured at most ``every`` steps before (re-measuring each step cost 8% of it)."""
     from ziprl.learner import hardware

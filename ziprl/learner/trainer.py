@@ -370,13 +370,17 @@ class Trainer:
             return self._ds.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
         return contextlib.nullcontext()
 
-    def named_weights_numpy(self) -> dict[str, np.ndarray]:
-        """HF parameter name -> float32 numpy copy of the policy weights (tied weights appear once)."""
+    def named_weights(self, device: str = "cpu", dtype: str = "float32") -> dict[str, torch.Tensor]:
+        """HF parameter name -> a copy of the policy weights on ``device`` in ``dtype`` (tied weights appear once)."""
         with self.gathered():
             return {
-                name: p.detach().to("cpu", torch.float32, copy=True).numpy()
+                name: p.detach().to(device, getattr(torch, dtype), copy=True)
                 for name, p in self.engine.module.named_parameters()
             }
+
+    def named_weights_numpy(self) -> dict[str, np.ndarray]:
+        """:meth:`named_weights` as float32 numpy arrays."""
+        return {name: t.numpy() for name, t in self.named_weights().items()}
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the policy as an HF checkpoint (safetensors + config + tokenizer), atomically; returns ``out_dir``.

@@ -7,7 +7,6 @@ torch, the model and the data load when :func:`train` runs.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -50,16 +49,22 @@ class InProcessSource:
 
 
 class InProcessPush:
-    """The weight push into this process's engine: ``weights()`` (the learner's name -> array) -> ``load_weights``."""
+    """The weight push into this process's engine: ``weights(device, dtype)`` (the learner's name -> tensor, copied
+    where and as the engine takes them: on its GPU, in its dtype, no host round trip) -> ``load_weights``."""
 
-    def __init__(self, weights: Callable[[], dict[str, Any]], engine: GenerationEngine):
+    def __init__(self, weights: Callable[[str, str], dict[str, Any]], engine: GenerationEngine):
+        import torch
+
+        from ziprl.learner.hardware import device_clock
+
         self.weights, self.engine = weights, engine
+        self.clock = device_clock(torch.device(engine.weights_device))  # a copy on a GPU is timed when done
 
     def push(self, version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        arrays = self.weights()
+        t0 = self.clock()
+        arrays = self.weights(self.engine.weights_device, self.engine.weights_dtype)
         self.engine.load_weights(arrays, version)
-        return {"seconds": time.perf_counter() - t0, "bytes": float(sum(a.nbytes for a in arrays.values()))}
+        return {"seconds": self.clock() - t0, "bytes": float(sum(a.nbytes for a in arrays.values()))}
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to the caller."""
@@ -82,7 +87,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     trainer = Trainer(cfg, model_path)
     engine = make_engine(resolve_engine_dtype(cfg.model, trainer.bf16), model_path)
     source = InProcessSource(cfg, engine, lambda: SearchCompressEnv(cfg.env, retriever=retriever, examples=examples))
-    push = InProcessPush(trainer.named_weights_numpy, engine)
+    push = InProcessPush(trainer.named_weights, engine)
     logger = MetricsLogger(cfg.run.out_dir)
     try:
         return train_loop(cfg, LocalLearner(trainer), source, push, QuestionStream(examples, cfg.data.seed), logger,

@@ -45,6 +45,10 @@ class GenerationEngine(ABC):
     # group, the buckets received by the actor's WeightReceiver and given to load_weights; "vllm_nccl" = the engine
     # is the receiving end itself (join_weight_transfer / receive_weight_transfer) on vLLM's NCCL communicator.
     weight_transfer: str = "ziprl_group"
+    # Where and in what dtype load_weights takes a tensor as it is (no cast, no host copy); the in-process push
+    # hands the learner's weights over so (an HFEngine on CUDA: on its GPU, in its dtype).
+    weights_device: str = "cpu"
+    weights_dtype: str = "float32"
 
     @property
     @abstractmethod

@@ -90,6 +90,8 @@ class HFEngine(GenerationEngine):
             raise ValueError("the model has no EOS token id (generation_config.eos_token_id / tokenizer.eos_token)")
         self.eos_ids = frozenset(eos)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        self.weights_device = str(self.device)
+        self.weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.version = 0
         self.tokens_generated = 0
         self.generation_seconds = 0.0
