@@ -46,6 +46,7 @@ def run_ziprl(steps: int) -> dict:
     from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, resolve_engine_dtype
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.trainer import Trainer
+    from ziprl.loop.in_process import InProcessPush
     from ziprl.policy import HFEngine, resolve_model_path
 
     path = resolve_model_path(ModelConfig())
@@ -54,6 +55,7 @@ def run_ziprl(steps: int) -> dict:
     trainer = Trainer(cfg, path)
     dtype = resolve_engine_dtype(cfg.model, trainer.bf16).dtype
     engine = HFEngine(path, device="cpu", dtype=dtype)
+    push = InProcessPush(trainer.named_weights, engine)  # ziprl.train's push
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW_TOKENS, stop=[])
     prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     times, tokens, parts = [], [], {"generate_s": [], "train_s": [], "push_s": []}
@@ -70,7 +72,7 @@ def run_ziprl(steps: int) -> dict:
         ]
         trainer.train_step(trajectories)
         trained = time.perf_counter()
-        engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
+        push.push(trainer.policy_version)
         end = time.perf_counter()
         times.append(end - start)
         tokens.append(sum(len(g.token_ids) for g in gens))
