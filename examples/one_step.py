@@ -83,9 +83,12 @@ def one_step(model_dir: Path, questions: int = 2, group_size: int = 2, seed: int
     optimizer.step()
     optimizer.zero_grad()
 
-    # 5. Weight push: the new weights into the engine that generates the next step's rollouts.
-    weights = {name: p.detach().numpy().copy() for name, p in policy.named_parameters()}
-    pushed = InProcessPush(lambda: weights, engine).push(version=1)
+    # 5. Weight push: the new weights into the engine that generates the next step's rollouts, copied where and in
+    #    the dtype the engine takes them (its weights_device / weights_dtype).
+    def weights(device: str, dtype: str) -> dict[str, torch.Tensor]:
+        return {name: p.detach().to(device, getattr(torch, dtype), copy=True) for name, p in policy.named_parameters()}
+
+    pushed = InProcessPush(weights, engine).push(version=1)
 
     return {"trajectories": float(len(trajectories)), "turns": float(len(rows)),
             "reward": sum(t.reward for t in trajectories) / len(trajectories),

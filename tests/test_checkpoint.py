@@ -15,6 +15,7 @@ from ziprl.learner.checkpoint import (
     export_model,
     latest_checkpoint,
     load_checkpoint,
+    resumed_learner,
     save_checkpoint,
 )
 from ziprl.learner.trainer import Trainer
@@ -110,3 +111,20 @@ def test_export_model_loads_the_checkpoint_weights(tiny_model_dir, batches, tmp_
     with pytest.raises(CheckpointError, match="no config.json"):
         export_model(path, tmp_path, tmp_path / "nope")
     assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.parametrize(("stored", "resume", "set_bf16", "expected"), [
+    (True, True, None, True), (False, True, None, False),  # null: the checkpoint's decision
+    (True, False, None, None),  # a fresh run measures
+    (True, True, False, False),  # set by the user: kept
+    (None, True, None, None),  # a checkpoint written before the decision was stored: measured again
+])
+def test_a_resumed_run_takes_its_checkpoints_compute_dtype(tmp_path, stored, resume, set_bf16, expected):
+    ckpt = tmp_path / "checkpoints" / "step_2-0123abcd"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"step": 2} | ({} if stored is None else {"bf16": stored})))
+    (tmp_path / "checkpoints" / "latest").write_text(ckpt.name)
+    cfg = make_cfg(bf16=set_bf16)
+    cfg.run.out_dir, cfg.run.resume = str(tmp_path), resume
+    assert resumed_learner(cfg).learner.bf16 is expected
+    assert cfg.learner.bf16 is set_bf16  # the given config is left as it was

@@ -45,6 +45,22 @@ def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_p
     assert (tmp_path / "b" / "tb").is_dir()
 
 
+def test_a_resumed_run_keeps_the_dtype_its_checkpoint_was_written_in(tiny_model_dir, tmp_path, monkeypatch):
+    """learner.bf16=null is decided by measuring the GEMMs; on a loaded machine a resumed run measured otherwise and
+    left the straight run's loss (CI, 2.96e-10 against 2.74e-10). The checkpoint's decision holds on resume."""
+    from ziprl.learner import trainer as trainer_module
+    from ziprl.loop.in_process import train
+
+    answers = [True, True, False]  # the straight run, the first two steps, then what the resumed run would measure
+    monkeypatch.setattr(trainer_module, "bf16_pays", lambda device: answers.pop(0))
+    straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
+    train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
+    resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
+    for key in ("learner/loss", "learner/kl", "learner/mismatch_abs_mean"):
+        assert resumed[key] == pytest.approx(straight[key]), key
+    assert answers == [False]  # the resumed run did not measure: its checkpoint decided
+
+
 def test_cli_reports_config_errors(capsys):
     from ziprl.cli.train import main
 

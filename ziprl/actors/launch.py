@@ -22,6 +22,7 @@ from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sync import make_weight_sync
 from ziprl.config import ZipRLConfig
 from ziprl.env.demos import build_demos
+from ziprl.learner.checkpoint import resumed_learner
 from ziprl.learner.sft import stage1_dir
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
@@ -64,6 +65,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         check_gpus(cfg)
         model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
         print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
+        cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
         group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
         # the engines generate in the learner's dtype when model.dtype=auto (every rank decides alike: same hardware)
         dtype = group.call("build_trainer", str(model))

@@ -6,7 +6,8 @@
 - ``optimizer.safetensors``: AdamW's moments per parameter (``exp_avg/<name>``, ``exp_avg_sq/<name>``);
 - ``rng.safetensors``: torch's CPU (and CUDA) generator states and numpy's MT19937 key;
 - ``state.json``: step, policy version, AdamW's step count and hyper-parameters, the LR scheduler state,
-  the python and numpy RNG scalars, the ZeRO stage it was written under, and the caller's data position.
+  the python and numpy RNG scalars, the ZeRO stage and compute dtype (bf16 or not) it was written under, and the
+  caller's data position.
 
 ``<out>/checkpoints/latest`` names the newest complete checkpoint. A checkpoint is written beside its final
 place, fsynced and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one;
@@ -19,6 +20,7 @@ checkpoint resumes under any ZeRO stage or number of ranks. RNG states are rank 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -37,6 +39,7 @@ from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors
 
 if TYPE_CHECKING:
+    from ziprl.config import ZipRLConfig
     from ziprl.learner.trainer import Trainer
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -77,6 +80,7 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
         "step": trainer.global_step,
         "policy_version": trainer.policy_version,
         "zero_stage": trainer.zero_stage,
+        "bf16": trainer.bf16,
         "world_size": world_size(),
         "optimizer": {
             "step": adam_steps.pop() if adam_steps else 0.0,
@@ -129,6 +133,18 @@ def clean_orphans(out_dir: str | Path) -> list[Path]:
     if removed:
         print(f"[checkpoint] removed {len(removed)} leftover(s) of interrupted checkpoint writes in {root}", flush=True)
     return removed
+
+
+def resumed_learner(cfg: ZipRLConfig) -> ZipRLConfig:
+    """``cfg`` with ``learner.bf16`` null (decided by measuring the GEMMs) set to the decision the checkpoint it
+    resumes was written under: a resumed run keeps its numerics, however the measurement would come out now (on a
+    loaded machine it flipped, and the resumed run's loss left the straight run's). Unchanged when not resuming,
+    when ``learner.bf16`` is set, or for a checkpoint written before the decision was stored."""
+    ckpt = latest_checkpoint(cfg.run.out_dir) if cfg.run.resume and cfg.learner.bf16 is None else None
+    decided = None if ckpt is None else json.loads((ckpt / "state.json").read_text(encoding="utf-8")).get("bf16")
+    if decided is None:
+        return cfg
+    return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, bf16=bool(decided)))
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:

@@ -371,12 +371,16 @@ class Trainer:
         return contextlib.nullcontext()
 
     def named_weights(self, device: str = "cpu", dtype: str = "float32") -> dict[str, torch.Tensor]:
-        """HF parameter name -> a copy of the policy weights on ``device`` in ``dtype`` (tied weights appear once)."""
+        """HF parameter name -> a copy of the policy weights on ``device`` in ``dtype`` (tied weights appear once),
+        complete when it returns (a GPU's copies are waited for, so a push is timed as what it costs)."""
         with self.gathered():
-            return {
+            out = {
                 name: p.detach().to(device, getattr(torch, dtype), copy=True)
                 for name, p in self.engine.module.named_parameters()
             }
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
 
     def named_weights_numpy(self) -> dict[str, np.ndarray]:
         """:meth:`named_weights` as float32 numpy arrays."""

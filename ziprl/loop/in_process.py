@@ -7,6 +7,7 @@ torch, the model and the data load when :func:`train` runs.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -53,18 +54,13 @@ class InProcessPush:
     where and as the engine takes them: on its GPU, in its dtype, no host round trip) -> ``load_weights``."""
 
     def __init__(self, weights: Callable[[str, str], dict[str, Any]], engine: GenerationEngine):
-        import torch
-
-        from ziprl.learner.hardware import device_clock
-
         self.weights, self.engine = weights, engine
-        self.clock = device_clock(torch.device(engine.weights_device))  # a copy on a GPU is timed when done
 
     def push(self, version: int) -> dict[str, float]:
-        t0 = self.clock()
+        t0 = time.perf_counter()
         arrays = self.weights(self.engine.weights_device, self.engine.weights_dtype)
         self.engine.load_weights(arrays, version)
-        return {"seconds": self.clock() - t0, "bytes": float(sum(a.nbytes for a in arrays.values()))}
+        return {"seconds": time.perf_counter() - t0, "bytes": float(sum(a.nbytes for a in arrays.values()))}
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to the caller."""
@@ -72,6 +68,7 @@ class InProcessPush:
 
 def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     """Run ``cfg.learner.steps`` GRPO + HRR steps in this process; returns the last step's metrics."""
+    from ziprl.learner.checkpoint import resumed_learner
     from ziprl.learner.trainer import Trainer
     from ziprl.loop.stream import QuestionStream
     from ziprl.loop.training import LocalLearner, train_loop
@@ -80,6 +77,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     from ziprl.retrieval.retriever import Retriever
     from ziprl.tb import MetricsLogger
 
+    cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
     model_path = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else resolve_model_path(cfg.model)
     examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
     retriever = Retriever.from_config(retriever_config_for(cfg))
