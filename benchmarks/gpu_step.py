@@ -53,9 +53,8 @@ def build_model(arch: str, tokenizer, out: Path) -> Path:
     import transformers
 
     cls_name, shape = ARCHS[arch]
-    tok = tokenizer
-    config = getattr(transformers, cls_name)(**shape, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = getattr(transformers, cls_name)(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

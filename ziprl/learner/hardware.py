@@ -41,6 +41,19 @@ def bf16_pays(device: str) -> bool:
     return gemm_peak_flops(torch.bfloat16, device) >= BF16_MIN_SPEEDUP * gemm_peak_flops(torch.float32, device)
 
 
+def device_clock(device: torch.device) -> Callable[[], float]:
+    """A clock for the work queued on ``device``: on CUDA it first waits for the queued kernels (they run
+    asynchronously, so a plain clock bills a forward to whatever waits next: the loss's ``.item()``, the backward)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return clock
+
+
 def gemm_peak_flops(dtype: torch.dtype, device: str, n: int | None = None, reps: int = 3) -> float:
     """FLOP/s of the best of ``reps`` n x n matrix products in ``dtype`` on ``device``, measured now (under whatever
     else the device is doing, like the step it is compared with). ``n`` None: 2048 on a CPU, 8192 on a GPU (an
@@ -48,15 +61,11 @@ def gemm_peak_flops(dtype: torch.dtype, device: str, n: int | None = None, reps:
     n = n or (8192 if device.startswith("cuda") else 2048)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    best = float("inf")
+    clock, best = device_clock(torch.device(device)), float("inf")
     for _ in range(reps + 1):  # the first product warms the kernels up
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = clock()
         torch.mm(a, b)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 2 * n**3 / best
 
 
@@ -73,19 +82,6 @@ class GemmPeak:
             self.value = gemm_peak_flops(self.dtype, self.device)
         self.calls += 1
         return self.value
-
-
-def device_clock(device: torch.device) -> Callable[[], float]:
-    """A clock for the work queued on ``device``: on CUDA it first waits for the queued kernels (they run
-    asynchronously, so a plain clock bills a forward to whatever waits next: the loss's ``.item()``, the backward)."""
-    if device.type != "cuda":
-        return time.perf_counter
-
-    def clock() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return clock
 
 
 def model_flop_utilisation(num_params: int, tokens: float, seconds: float, peak_flops: float) -> float:

@@ -51,7 +51,7 @@ from ziprl.learner.batch import (
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.hardware import GemmPeak, bf16_pays, device_clock, model_flop_utilisation
 from ziprl.paths import atomic_dir
-from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path
+from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path, torch_dtype
 from ziprl.registry import ENGINES, LOSSES
 
 if TYPE_CHECKING:
@@ -375,7 +375,7 @@ class Trainer:
         complete when it returns (a GPU's copies are waited for, so a push is timed as what it costs)."""
         with self.gathered():
             out = {
-                name: p.detach().to(device, getattr(torch, dtype), copy=True)
+                name: p.detach().to(device, torch_dtype(dtype), copy=True)
                 for name, p in self.engine.module.named_parameters()
             }
         if torch.device(device).type == "cuda":
