@@ -4,8 +4,10 @@ weight push back into the engine. Random-initialised weights of each named archi
 token limit, the heaviest rollout).
 
     python benchmarks/gpu_step.py [--archs smollm2-135m,qwen3-0.6b,qwen3-1.7b] [--questions 8] [--group 8]
-                                  [--turns 2] [--prompt-tokens 1024] [--new-tokens 256] [--micro-batch 16]
+                                  [--turns 2] [--prompt-tokens 1024] [--new-tokens 256] [--prompt-spread 0.25]
+                                  [--micro-batch 16]
                                   [--zero-stage 2] [--steps 2] [--tokenizer DIR] [--name gpu_step]
+                                  [--set learner.FIELD=VALUE ...] [--profile]
 
 Per architecture, the mean over the steps after the first (which warms up kernels and the allocator): rollout
 tokens/s (one padded batch of questions x group rows per turn), the learner's forward, reference, backward and
@@ -13,6 +15,9 @@ optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learne
 peak measured in the same run), and the push: ``push_s`` the in-process push (``InProcessPush``: the learner's
 weights copied on the GPU in the engine's dtype), ``push_host_s`` the same weights through float32 host arrays
 (``named_weights_numpy`` -> ``load_weights``, the in-process path before), both every step.
+``--profile`` runs the last step's learner under torch's profiler and adds where its GPU time went (GEMMs,
+attention, normalisation/elementwise/reductions, copies, collectives; the GPU's busy fraction of the learner's
+seconds) to the row, with the top kernels and host ops in ``<name>_profile_<arch>.txt``.
 Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU it says so and exits 0.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -30,7 +36,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import RESULTS, write_results  # noqa: E402
 
 ARCHS = {  # name: (transformers config class, its published shape)
     "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -43,6 +49,13 @@ ARCHS = {  # name: (transformers config class, its published shape)
                                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                                        head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960)),
 }
+KERNEL_KINDS = (  # (column, kernel-name pattern), first match wins; the rest is "other"
+    ("attention", re.compile(r"flash|fmha|attention|attn", re.I)),  # before gemm: fmha_cutlass* are attention
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|_mma_", re.I)),
+    ("collective", re.compile(r"nccl", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy|cat_|catarray", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|reduce|softmax|norm|unrolled|index|scatter|gather", re.I)),
+)
 PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_seconds", "seconds", "mfu",
          "gemm_peak_tflops", "computed_tokens", "trained_tokens")
 
@@ -66,19 +79,30 @@ def build_model(arch: str, tokenizer, out: Path) -> Path:
 
 
 def rollout(engine, tokenizer, args, rng: random.Random, step: int) -> tuple[list, float, int]:
-    """``questions`` x ``group`` trajectories of ``turns`` turns, each turn one padded batch of every row."""
-    from ziprl.config import SamplingConfig
+    """``questions`` x ``group`` trajectories of ``turns`` turns, each turn one padded batch of every row.
+
+    Every prompt is the agent's system prompt (the default strategy's, shared by every row as in a real rollout)
+    and a question over a context of up to ``prompt_tokens`` tokens, each row's ``prompt_spread`` shorter at random
+    (real turns differ in length, so the learner pads them)."""
+    from ziprl.config import EnvConfig, SamplingConfig
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.sft import chat_prompt_ids
+    from ziprl.registry import STRATEGIES
 
+    env = EnvConfig()
+    system = STRATEGIES[env.strategy](env).system_prompt()
+    base = args.prompt_tokens - 32 - len(tokenizer(system, add_special_tokens=False)["input_ids"])
     filler = " ".join(f"passage {i} says the river runs north of the old mill." for i in range(args.prompt_tokens))
-    context = tokenizer.decode(tokenizer(filler, add_special_tokens=False)["input_ids"][: args.prompt_tokens - 32])
+    words = tokenizer(filler, add_special_tokens=False)["input_ids"][: max(base, 1)]
     rows = [(q, i) for q in range(args.questions) for i in range(args.group)]
     turns: dict[tuple[int, int], list] = {r: [] for r in rows}
     seconds, tokens = 0.0, 0
     for t in range(args.turns):
-        prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": f"Question {q}, turn {t}: {context}"}])
-                   for q, _ in rows]
+        prompts = []
+        for q, _ in rows:
+            context = tokenizer.decode(words[: len(words) - rng.randrange(int(len(words) * args.prompt_spread) + 1)])
+            prompts.append(chat_prompt_ids(tokenizer, [{"role": "system", "content": system},
+                                                       {"role": "user", "content": f"Question {q}, turn {t}: {context}"}]))
         t0 = time.perf_counter()
         gens = engine.generate(prompts, SamplingConfig(max_new_tokens=args.new_tokens, stop=[]),
                                seed=1000 * step + t)
@@ -93,25 +117,63 @@ def rollout(engine, tokenizer, args, rng: random.Random, step: int) -> tuple[lis
     return trajectories, seconds, tokens
 
 
+def kernel_split(averages, seconds: float) -> dict[str, float]:
+    """A profile's GPU kernel seconds per KERNEL_KINDS column (and "other"), and the GPU's busy fraction of the
+    ``seconds`` the profiled learner step took."""
+    from torch.autograd import DeviceType
+
+    split = dict.fromkeys([k for k, _ in KERNEL_KINDS] + ["other"], 0.0)
+    for e in averages:
+        if e.device_type == DeviceType.CUDA:
+            split[next((k for k, pat in KERNEL_KINDS if pat.search(e.key)), "other")] += e.self_device_time_total / 1e6
+    return {**{f"gpu_{k}_s": v for k, v in split.items()}, "gpu_busy_frac": sum(split.values()) / seconds}
+
+
+def profiled_step(trainer, trajectories, out_txt: Path) -> dict:
+    """``trainer.train_step`` under torch's profiler: its statistics plus :func:`kernel_split`; the top kernels and
+    host ops written to ``out_txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = trainer.train_step(trajectories)
+    averages = prof.key_averages()
+    out_txt.parent.mkdir(parents=True, exist_ok=True)
+    out_txt.write_text("GPU kernels by time\n" + averages.table(sort_by="self_device_time_total", row_limit=40)
+                       + "\nHost ops by self CPU time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=30))
+    return {**out, **kernel_split(averages, out["seconds"])}
+
+
+def learner_config(args):
+    """The config every architecture trains under: a bf16 learner at ``--zero-stage`` / ``--micro-batch``, then
+    the ``--set`` overrides (ConfigError names a bad one)."""
+    from ziprl.config import ZipRLConfig, apply_override
+
+    cfg = ZipRLConfig()
+    cfg.learner.bf16, cfg.learner.zero_stage, cfg.learner.micro_batch_turns = True, args.zero_stage, args.micro_batch
+    for override in args.set:
+        apply_override(cfg, override)
+    return cfg.validate()
+
+
 def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     """``args.steps`` rollout -> learner -> push steps on a fresh ``arch``; the mean of the steps after the first."""
     import torch
 
-    from ziprl.config import ZipRLConfig
     from ziprl.learner.trainer import Trainer
     from ziprl.loop.in_process import InProcessPush
     from ziprl.policy import HFEngine
 
     path = build_model(arch, tokenizer, workdir / arch)
-    cfg = ZipRLConfig()
-    cfg.learner.bf16, cfg.learner.zero_stage, cfg.learner.micro_batch_turns = True, args.zero_stage, args.micro_batch
-    trainer = Trainer(cfg, path)
+    trainer = Trainer(learner_config(args), path)
     engine = HFEngine(path, dtype="bfloat16", device="cuda")
     push = InProcessPush(trainer.named_weights, engine)
     rng, steps = random.Random(0), []
     for step in range(args.steps):
         trajectories, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
-        out = trainer.train_step(trajectories)
+        if args.profile and step == args.steps - 1:
+            out = profiled_step(trainer, trajectories, RESULTS / f"{args.name}_profile_{arch}.txt")
+        else:
+            out = trainer.train_step(trajectories)
         t0 = time.perf_counter()
         engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
         torch.cuda.synchronize()
@@ -119,14 +181,17 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
         push_s = push.push(trainer.policy_version)["seconds"]
         steps.append({"gen_s": gen_s, "gen_tokens_per_s": gen_tokens / gen_s, "push_s": push_s,
                       "push_host_s": push_host_s, **{k: out[k] for k in PARTS}})
+        profile = {k: v for k, v in out.items() if k.startswith("gpu_")}
         print(f"  {arch} step {step}: generation {gen_s:.1f} s ({gen_tokens / gen_s:.0f} tok/s), learner "
               f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.3f} s (through the host "
               f"{push_host_s:.2f} s)", flush=True)
     kept = steps[1:] or steps
     row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,
-           "turns": args.turns, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+           "turns": args.turns, "prompt_tokens": args.prompt_tokens, "prompt_spread": args.prompt_spread,
+           "new_tokens": args.new_tokens,
            "zero_stage": args.zero_stage, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     row.update({k: statistics.mean(s[k] for s in kept) for k in kept[0]})
+    row.update(profile)  # the last step's, when profiled
     del trainer, engine
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -141,15 +206,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--prompt-spread", type=float, default=0.25,
+                    help="each row's context up to this fraction shorter, at random (0: every prompt alike)")
     ap.add_argument("--micro-batch", type=int, default=16, help="learner.micro_batch_turns")
     ap.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed's bf16 mode needs ZeRO >= 1")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
     ap.add_argument("--name", default="gpu_step")
+    ap.add_argument("--set", action="append", default=[], metavar="learner.FIELD=VALUE",
+                    help="config overrides on top of the bf16 learner the flags describe")
+    ap.add_argument("--profile", action="store_true", help="profile the last step's learner (see above)")
     args = ap.parse_args(argv)
     unknown = [a for a in args.archs.split(",") if a not in ARCHS]
     if unknown:
         print(f"gpu_step: unknown architecture {unknown}; choose from {', '.join(ARCHS)}", file=sys.stderr)
+        return 2
+    from ziprl.config import ConfigError
+
+    try:
+        learner_config(args)
+    except ConfigError as exc:
+        print(f"gpu_step: {exc}", file=sys.stderr)
         return 2
     import torch
 
@@ -161,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer or resolve_model_path(ModelConfig()))
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "steps": args.steps, "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
+            "steps": args.steps, "overrides": args.set, "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_step-") as tmp:
         for arch in args.archs.split(","):

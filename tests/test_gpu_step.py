@@ -34,3 +34,26 @@ def test_an_unknown_architecture_exits_2_naming_the_choices(capsys):
 def test_without_cuda_there_is_nothing_to_measure(capsys):
     assert gpu_step.main(["--archs", "smollm2-135m"]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_the_kernel_split_sorts_kernels_by_name_and_counts_only_device_time():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def ev(name, us, device=DeviceType.CUDA):
+        return SimpleNamespace(key=name, self_device_time_total=us, device_type=device)
+
+    events = [ev("sm90_xmma_gemm_bf16bf16_bf16f32", 4e6), ev("nvjet_tst_128x256", 1e6),
+              ev("pytorch_flash::flash_fwd_kernel", 1e6), ev("fmha_cutlassB_bf16_aligned", 0.5e6),
+              ev("ncclDevKernel_AllReduce_Sum_bf16", 0.25e6), ev("Memcpy DtoD (Device -> Device)", 0.25e6),
+              ev("void at::native::vectorized_elementwise_kernel<4>", 1e6), ev("triton_red_fused_rms", 0.5e6),
+              ev("aten::mm", 9e6, DeviceType.CPU)]  # a host op: its kernels are counted once, as kernels
+    split = gpu_step.kernel_split(events, seconds=10.0)
+    assert split == {"gpu_gemm_s": 5.0, "gpu_attention_s": 1.5, "gpu_collective_s": 0.25, "gpu_copy_s": 0.25,
+                     "gpu_elementwise_s": 1.0, "gpu_other_s": 0.5, "gpu_busy_frac": 0.85}
+
+
+def test_bad_overrides_exit_2_before_any_work(capsys):
+    assert gpu_step.main(["--set", "learner.share_prefixx=false"]) == 2
+    assert "share_prefixx" in capsys.readouterr().err

@@ -1,17 +1,19 @@
 """Turn-level training rows and micro-batches; response log-probs from a causal LM.
 
-Layout (token-aligned): a row ``input_ids = prompt_ids + response_ids``; in a micro-batch prompts are
-left-padded and responses right-padded, so every response starts at the same column P and only the
-logits at columns P-1 .. T-2 are ever computed ([B, longest response, V], whatever the prompt lengths).
-Position ids count real tokens only, so padding never shifts RoPE (as in ``HFEngine``'s prefill).
+Layout (token-aligned): a row ``input_ids = prompt_ids + response_ids`` starts at column 0 and is padded on the
+right, so the forward needs no attention mask: causal attention alone keeps every real token from seeing padding
+(which only follows it), the positions are 0, 1, ... as in an unpadded forward, and attention runs its mask-free
+kernel (on an H100, Qwen3-1.7B: a micro-batch of left-padded prompts behind a padding mask ran the learner at 10.0k
+tokens/s, unpadded ones at 18.5k). The LM head reads, per row, only the hidden states that score its response tokens
+(gathered to [B, longest response, H] before the head), whatever the prompt lengths.
 
 Shared prefix (``share_prefix``): the tokens every row of a micro-batch starts with (the system prompt of every
-turn, ~300 of a turn's ~700 tokens with the default prompt) sit in columns 0 .. S-1 of every row, the padding
-after them; the forward runs them once for the micro-batch and the rows attend to their repeated keys and values
-(``ziprl.policy.kv.prefix_cache``). Log-probs and gradients are those of the unshared forward (to float round-off).
+turn, ~300 of a turn's ~700 tokens with the default prompt) sit in columns 0 .. S-1 of every row; the forward runs
+them once for the micro-batch and the rows attend to their repeated keys and values (``ziprl.policy.kv.prefix_cache``).
+Log-probs and gradients are those of the unshared forward (to float round-off).
 Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
 response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
-logits at t - 1 (the next-token shift is done inside ``response_logprobs``). Prompt tokens (system,
+hidden state at t - 1 (the next-token shift is done inside ``response_logprobs``). Prompt tokens (system,
 question, memory, observation) never carry loss.
 
 Truncation (``max_seq_len``): a row longer than the limit loses its *leftmost prompt* tokens, never
@@ -27,12 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import token_weight
-from ziprl.policy.kv import cache_kwarg, last_positions, prefix_cache, shared_prefix_len
+from ziprl.policy.kv import cache_kwarg, prefix_cache, shared_prefix_len
 
 
 @dataclass
@@ -50,25 +51,26 @@ class TurnRow:
 
 @dataclass
 class MicroBatch:
-    """[B, T] tensors, prompts left- and responses right-padded; per-token fields are 0 outside responses."""
+    """[B, T] tensors, every row from column 0 and padded on the right; per-token fields are 0 outside responses."""
 
     input_ids: Tensor
-    attention_mask: Tensor
-    position_ids: Tensor  # 0, 1, ... over the real tokens of each row (0 on padding)
+    attention_mask: Tensor  # 1 on real tokens (the forward itself needs no mask: padding only follows them)
     loss_mask: Tensor
     old_logp: Tensor
     adv: Tensor
     weight: Tensor
-    response_start: int  # the column of every row's first response token
+    response_starts: tuple[int, ...]  # each row's first response column
+    response_ends: tuple[int, ...]  # each row's length (one past its last response column)
     prefix_len: int = 0  # columns 0 .. prefix_len - 1 hold the same tokens in every row (run once)
 
     def __post_init__(self) -> None:
         """An off-by-one between the loss mask and the responses is refused where the batch is built (on the host)."""
         if self.loss_mask.device.type != "cpu":
             return
-        if self.loss_mask[:, : self.response_start].any():
-            raise ValueError("loss mask covers a prompt token (a column before response_start): the mask is shifted "
-                             "against the responses; build micro-batches with collate()")
+        cols = torch.arange(self.loss_mask.size(1))
+        if (self.loss_mask.bool() & (cols < torch.tensor(self.response_starts)[:, None])).any():
+            raise ValueError("loss mask covers a prompt token (a column before its row's response start): the mask "
+                             "is shifted against the responses; build micro-batches with collate()")
         if (self.loss_mask.bool() & ~self.attention_mask.bool()).any():
             raise ValueError("loss mask covers a padding token: the mask is shifted against the responses; build "
                              "micro-batches with collate()")
@@ -141,27 +143,23 @@ def build_rows(
 
 
 def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False) -> MicroBatch:
-    """Pad rows into one MicroBatch: prompts on the left, responses on the right, all responses at one column;
-    with ``share_prefix`` the rows' common leading tokens first, then the padding."""
+    """Pad rows into one MicroBatch: each row from column 0, padding on the right; with ``share_prefix`` the rows'
+    common leading tokens are marked to run once."""
     s = shared_prefix_len([r.input_ids[: r.response_start] for r in rows]) if share_prefix else 0
-    p = max(r.response_start for r in rows)
-    b, t = len(rows), p + max(len(r.input_ids) - r.response_start for r in rows)
+    b, t = len(rows), max(len(r.input_ids) for r in rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
     attn = torch.zeros((b, t), dtype=torch.long)
-    loss_mask = torch.zeros((b, t), dtype=torch.float32)
-    old_logp, adv, weight = (torch.zeros((b, t), dtype=torch.float32) for _ in range(3))
+    loss_mask, old_logp, adv, weight = (torch.zeros((b, t), dtype=torch.float32) for _ in range(4))
     for k, r in enumerate(rows):
-        first, end = p - r.response_start + s, p + len(r.input_ids) - r.response_start
-        ids[k, :s] = torch.tensor(r.input_ids[:s], dtype=torch.long)
-        attn[k, :s] = 1
-        ids[k, first:end] = torch.tensor(r.input_ids[s:], dtype=torch.long)
-        attn[k, first:end] = 1
-        loss_mask[k, p:end] = 1.0
-        old_logp[k, p:end] = torch.tensor(r.old_logp, dtype=torch.float32)
-        adv[k, p:end] = r.advantage
-        weight[k, p:end] = r.weight
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    return MicroBatch(ids, attn, positions, loss_mask, old_logp, adv, weight, p, s)
+        p, n = r.response_start, len(r.input_ids)
+        ids[k, :n] = torch.tensor(r.input_ids, dtype=torch.long)
+        attn[k, :n] = 1
+        loss_mask[k, p:n] = 1.0
+        old_logp[k, p:n] = torch.tensor(r.old_logp, dtype=torch.float32)
+        adv[k, p:n] = r.advantage
+        weight[k, p:n] = r.weight
+    return MicroBatch(ids, attn, loss_mask, old_logp, adv, weight, tuple(r.response_start for r in rows),
+                      tuple(len(r.input_ids) for r in rows), s)
 
 
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int,
@@ -204,32 +202,47 @@ def entropy_from_logits(logits: Tensor, chunk_rows: int = 1024) -> Tensor:
     return torch.cat(out).reshape(logits.shape[:-1]) if out else flat.new_zeros(logits.shape[:-1])
 
 
-def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, int]:
-    """Tempered logits predicting tokens start+1 .. T-1, where start is the column before the responses."""
-    if batch.response_start < 1:
+def _scoring_columns(batch: MicroBatch) -> Tensor:
+    """[B, R] long: row k's columns start_k - 1 .. start_k + R - 2, whose hidden states predict its response tokens (R
+    the batch's longest response), clamped into the batch (columns past a shorter response score nothing)."""
+    width = max(e - s for s, e in zip(batch.response_starts, batch.response_ends, strict=True))
+    starts = torch.tensor(batch.response_starts, device=batch.input_ids.device)
+    cols = starts[:, None] - 1 + torch.arange(width, device=starts.device)
+    return cols.clamp(max=batch.input_ids.size(1) - 1)
+
+
+def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, Tensor]:
+    """Tempered logits [B, R, V] predicting each row's response tokens, and their [B, R] scoring columns."""
+    if min(batch.response_starts) < 1:
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
-    start = batch.response_start - 1  # known on the host: no device sync before the forward
-    keep = batch.input_ids.size(1) - start  # logits before `start` never score a response token
+    cols = _scoring_columns(batch)
     s = batch.prefix_len
-    keep_at = last_positions(keep, batch.input_ids.size(1) - s, batch.input_ids.device)
+    rows = cols - s  # the hidden states cover columns s .. T-1
+    cached = {}
     if s:
-        cache = prefix_cache(model, batch.input_ids[:1, :s], batch.attention_mask[:1, :s],
-                             batch.position_ids[:1, :s], batch.input_ids.size(0))
-        out = model(input_ids=batch.input_ids[:, s:], attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids[:, s:], use_cache=False, logits_to_keep=keep_at,
-                    **{cache_kwarg(model): cache})
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False, logits_to_keep=keep_at)
-    logits = out.logits[:, -keep:-1]
-    return (logits if temperature == 1.0 else logits / temperature), start
+        ones = torch.ones_like(batch.input_ids[:1, :s])
+        cached = {cache_kwarg(model): prefix_cache(model, batch.input_ids[:1, :s], ones, ones.cumsum(-1) - 1,
+                                                   batch.input_ids.size(0))}
+    # the LM head reads only the scoring positions, gathered to a contiguous [B, R, H] batch
+    head = getattr(model, "module", model).get_output_embeddings()
+    hook = head.register_forward_pre_hook(
+        lambda _, args: (args[0].gather(1, rows[..., None].expand(-1, -1, args[0].size(-1))), *args[1:]))
+    try:
+        out = model(input_ids=batch.input_ids[:, s:], use_cache=False, logits_to_keep=0, **cached)
+    finally:
+        hook.remove()
+    return (out.logits if temperature == 1.0 else out.logits / temperature), cols
 
 
-def _place(values: Tensor, start: int, batch: MicroBatch) -> Tensor:
-    """Shift window values to token positions [B, T]; 0 outside response positions."""
-    return torch.where(
-        batch.loss_mask.bool(), F.pad(values, (start + 1, 0)), torch.zeros((), device=values.device)
-    )
+def _place(values: Tensor, cols: Tensor, batch: MicroBatch) -> Tensor:
+    """Values per scoring column [B, R] moved to the token each one predicts [B, T]; 0 outside response tokens."""
+    at = (torch.arange(batch.input_ids.size(1), device=values.device) - 1 - cols[:, :1]).clamp(0, values.size(1) - 1)
+    return torch.where(batch.loss_mask.bool(), values.gather(1, at), torch.zeros((), device=values.device))
+
+
+def _targets(batch: MicroBatch, cols: Tensor) -> Tensor:
+    """The token each scoring column predicts (the next column's; clamped columns predict padding)."""
+    return batch.input_ids.gather(1, (cols + 1).clamp(max=batch.input_ids.size(1) - 1))
 
 
 def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0) -> Tensor:
@@ -238,14 +251,14 @@ def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: fl
     ``model`` is an HF causal LM (or a wrapper forwarding ``logits_to_keep``, e.g. a DeepSpeed engine);
     logits are divided by ``temperature``, which must match how the behaviour log-probs were computed.
     """
-    logits, start = _response_logits(model, batch, temperature)
-    return _place(token_logprobs(logits, batch.input_ids[:, start + 1 :]), start, batch)
+    logits, cols = _response_logits(model, batch, temperature)
+    return _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
 
 
 def response_logprobs_and_entropy(
     model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """As ``response_logprobs`` plus the per-position policy entropy (no grad; for logging), one forward."""
-    logits, start = _response_logits(model, batch, temperature)
-    logp = _place(token_logprobs(logits, batch.input_ids[:, start + 1 :]), start, batch)
-    return logp, _place(entropy_from_logits(logits), start, batch)
+    logits, cols = _response_logits(model, batch, temperature)
+    logp = _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
+    return logp, _place(entropy_from_logits(logits), cols, batch)
