@@ -15,9 +15,10 @@ optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learne
 peak measured in the same run), and the push: ``push_s`` the in-process push (``InProcessPush``: the learner's
 weights copied on the GPU in the engine's dtype), ``push_host_s`` the same weights through float32 host arrays
 (``named_weights_numpy`` -> ``load_weights``, the in-process path before), both every step.
-``--profile`` runs the last step's learner under torch's profiler and adds where its GPU time went (GEMMs,
-attention, normalisation/elementwise/reductions, copies, collectives; the GPU's busy fraction of the learner's
-seconds) to the row, with the top kernels and host ops in ``<name>_profile_<arch>.txt``.
+``--profile`` adds one more learner step, on the first question's group only (torch's profiler over a whole 64-row
+step did not finish inside the 130 s a device call gave each run), under torch's profiler: where its GPU time went
+(attention, GEMMs, collectives, copies, normalisation/elementwise/reductions, other; the GPU's busy fraction of the
+learner's seconds) joins the row, the top kernels and host ops go to ``<name>_profile_<arch>.txt``.
 Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU it says so and exits 0.
 """
 
@@ -170,10 +171,7 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     rng, steps = random.Random(0), []
     for step in range(args.steps):
         trajectories, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
-        if args.profile and step == args.steps - 1:
-            out = profiled_step(trainer, trajectories, RESULTS / f"{args.name}_profile_{arch}.txt")
-        else:
-            out = trainer.train_step(trajectories)
+        out = trainer.train_step(trajectories)
         t0 = time.perf_counter()
         engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
         torch.cuda.synchronize()
@@ -181,17 +179,20 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
         push_s = push.push(trainer.policy_version)["seconds"]
         steps.append({"gen_s": gen_s, "gen_tokens_per_s": gen_tokens / gen_s, "push_s": push_s,
                       "push_host_s": push_host_s, **{k: out[k] for k in PARTS}})
-        profile = {k: v for k, v in out.items() if k.startswith("gpu_")}
         print(f"  {arch} step {step}: generation {gen_s:.1f} s ({gen_tokens / gen_s:.0f} tok/s), learner "
               f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.3f} s (through the host "
               f"{push_host_s:.2f} s)", flush=True)
+    profile = {}
+    if args.profile:
+        out = profiled_step(trainer, trajectories[: args.group], RESULTS / f"{args.name}_profile_{arch}.txt")
+        profile = {k: v for k, v in out.items() if k.startswith("gpu_")}
     kept = steps[1:] or steps
     row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,
            "turns": args.turns, "prompt_tokens": args.prompt_tokens, "prompt_spread": args.prompt_spread,
            "new_tokens": args.new_tokens,
            "zero_stage": args.zero_stage, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     row.update({k: statistics.mean(s[k] for s in kept) for k in kept[0]})
-    row.update(profile)  # the last step's, when profiled
+    row.update(profile)
     del trainer, engine
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="gpu_step")
     ap.add_argument("--set", action="append", default=[], metavar="learner.FIELD=VALUE",
                     help="config overrides on top of the bf16 learner the flags describe")
-    ap.add_argument("--profile", action="store_true", help="profile the last step's learner (see above)")
+    ap.add_argument("--profile", action="store_true", help="one more learner step on one group, profiled (see above)")
     args = ap.parse_args(argv)
     unknown = [a for a in args.archs.split(",") if a not in ARCHS]
     if unknown:
