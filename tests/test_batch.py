@@ -5,6 +5,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ziprl.config import LearnerConfig
@@ -369,5 +371,26 @@ def test_padded_rows_run_without_an_attention_mask(model, share):
     finally:
         hook.remove()
     assert len(calls) == (2 if share else 1) and calls[-1].get("attention_mask") is None
+    for k, row in enumerate(rows):
+        assert logp[k][mb.loss_mask[k] == 1].tolist() == pytest.approx(direct_logprobs(model, row), abs=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 6)), min_size=1, max_size=5),
+       system=st.integers(0, 6), share=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_rows_get_their_unpadded_logprobs(model, shapes, system, share, seed):
+    """Rows of any prompt and response lengths, with or without a common system prefix run once: every response token's
+    log-prob is the one an unpadded single-row forward gives it, and nothing outside the responses is scored."""
+    from ziprl.learner.batch import collate
+
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(1, 64, (system,), generator=g).tolist()
+    trajs = [traj("g", 1.0, [turn(head + torch.randint(1, 64, (p,), generator=g).tolist(),
+                                  torch.randint(1, 64, (r,), generator=g).tolist())]) for p, r in shapes]
+    rows = build_rows(trajs, [[1.0]] * len(trajs), "trajectory")
+    mb = collate(rows, PAD, share_prefix=share)
+    with torch.no_grad():
+        logp = response_logprobs(model, mb)
+    assert logp[mb.loss_mask == 0].eq(0).all()
     for k, row in enumerate(rows):
         assert logp[k][mb.loss_mask[k] == 1].tolist() == pytest.approx(direct_logprobs(model, row), abs=1e-5)
