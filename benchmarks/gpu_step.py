@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer or resolve_model_path(ModelConfig()))
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "steps": args.steps, "overrides": args.set, "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
+            "steps": args.steps, "overrides": args.set,
+            "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_step-") as tmp:
         for arch in args.archs.split(","):

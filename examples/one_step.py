@@ -32,7 +32,7 @@ from ziprl.learner.advantages import compute_advantages  # noqa: E402
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs  # noqa: E402
 from ziprl.loop.in_process import InProcessPush  # noqa: E402
 from ziprl.policy import make_engine  # noqa: E402
-from ziprl.policy.models import build_tiny_llama, load_model, resolve_model_path  # noqa: E402
+from ziprl.policy.models import build_tiny_llama, load_model, resolve_model_path, torch_dtype  # noqa: E402
 from ziprl.policy.rollout import rollout_groups  # noqa: E402
 from ziprl.registry import LOSSES  # noqa: E402
 from ziprl.retrieval.datasets import load_dataset  # noqa: E402
@@ -86,7 +86,7 @@ def one_step(model_dir: Path, questions: int = 2, group_size: int = 2, seed: int
     # 5. Weight push: the new weights into the engine that generates the next step's rollouts, copied where and in
     #    the dtype the engine takes them (its weights_device / weights_dtype).
     def weights(device: str, dtype: str) -> dict[str, torch.Tensor]:
-        return {name: p.detach().to(device, getattr(torch, dtype), copy=True) for name, p in policy.named_parameters()}
+        return {name: p.detach().to(device, torch_dtype(dtype), copy=True) for name, p in policy.named_parameters()}
 
     pushed = InProcessPush(weights, engine).push(version=1)
 

@@ -218,11 +218,7 @@ def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: flo
     cols = _scoring_columns(batch)
     s = batch.prefix_len
     rows = cols - s  # the hidden states cover columns s .. T-1
-    cached = {}
-    if s:
-        ones = torch.ones_like(batch.input_ids[:1, :s])
-        cached = {cache_kwarg(model): prefix_cache(model, batch.input_ids[:1, :s], ones, ones.cumsum(-1) - 1,
-                                                   batch.input_ids.size(0))}
+    cached = {cache_kwarg(model): prefix_cache(model, batch.input_ids[:1, :s], batch.input_ids.size(0))} if s else {}
     # the LM head reads only the scoring positions, gathered to a contiguous [B, R, H] batch
     head = getattr(model, "module", model).get_output_embeddings()
     hook = head.register_forward_pre_hook(
@@ -248,7 +244,8 @@ def _targets(batch: MicroBatch, cols: Tensor) -> Tensor:
 def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0) -> Tensor:
     """[B, T] log pi(token_t | tokens_<t) at response positions, 0 elsewhere (aligned with ``loss_mask``).
 
-    ``model`` is an HF causal LM (or a wrapper forwarding ``logits_to_keep``, e.g. a DeepSpeed engine);
+    ``model`` is an HF causal LM (or a wrapper forwarding ``logits_to_keep`` whose ``module`` is one, e.g. a DeepSpeed
+    engine);
     logits are divided by ``temperature``, which must match how the behaviour log-probs were computed.
     """
     logits, cols = _response_logits(model, batch, temperature)

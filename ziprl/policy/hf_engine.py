@@ -183,7 +183,7 @@ class HFEngine(GenerationEngine):
             last, caches = self._prefill_rows(prompts, s)
             return last, stack_rows(caches, s, width, room), mask, next_pos
         if s:
-            cache = prefix_cache(self.model, ids[:1, :s], mask[:1, :s], positions[:1, :s], len(prompts))
+            cache = prefix_cache(self.model, ids[:1, :s], len(prompts))
             out = self.model(input_ids=ids[:, s:], attention_mask=mask, position_ids=positions[:, s:], use_cache=True,
                              logits_to_keep=last_positions(1, width - s, self.device), **{cache_kwarg(self.model): cache})
         else:

@@ -50,10 +50,10 @@ def last_positions(n: int, length: int, device: torch.device | str) -> Tensor:
     return torch.arange(length - n, length, device=device)
 
 
-def prefix_cache(model: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, batch: int) -> Any:
-    """The KV cache of one row's prefix ``[1, S]``, repeated to ``batch`` rows (autograd sums their gradients)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                logits_to_keep=1)  # one row: its last position is contiguous
+def prefix_cache(model: Any, input_ids: Tensor, batch: int) -> Any:
+    """The KV cache of one row's prefix ``[1, S]`` (unpadded, at positions 0 .. S-1: a shared prefix leads every row),
+    repeated to ``batch`` rows (autograd sums their gradients)."""
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)  # one row: its last position is contiguous
     cache = output_cache(out)
     if cache is None:
         raise RuntimeError("the model returned no KV cache for the shared prefix (gradient checkpointing turns "
