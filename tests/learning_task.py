@@ -11,13 +11,33 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import random
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ziprl.config import ZipRLConfig, load_config
+
+
+def one_thread(fn: Callable) -> Callable:
+    """Run ``fn`` on one torch thread, then restore the count: float sums, hence every sampled trajectory, depend on
+    the thread count, which other code in the process may have changed (an engine built with ``model.num_threads``),
+    so the gate gave one result alone and another after other tests (HRR seed 1's lead: 0.092 on 2 threads, above
+    the bar on 1)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+    return wrapper
+
 
 COLOURS = ("red", "green", "blue", "gold")
 GOLD = "green"
@@ -56,6 +76,7 @@ def gate_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, steps:
     ])
 
 
+@one_thread
 def cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 120, lr: float = 3e-3) -> Path:
     """Stage 1 for the gate: SFT on the four colour answers equally often; returns the model directory."""
     from ziprl.env import SearchCompressEnv
@@ -97,6 +118,7 @@ def verdict(metrics: list[dict]) -> dict:
     return {"rewards": rewards, "start": start, "end": end, "max_onpolicy_gap": gap, "passed": ok}
 
 
+@one_thread
 def run_gate(stage1: Path, dataset: Path, out_dir: Path, seed: int, mutation: str | None = None) -> dict:
     """Train the gate's steps through ``ziprl.train``'s production path (optionally mutated); its verdict."""
     from ziprl.loop.in_process import train
@@ -202,6 +224,7 @@ def hrr_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, w: floa
     ])
 
 
+@one_thread
 def hrr_cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 150, lr: float = 3e-3) -> Path:
     """Stage 1 for the HRR check: whole 3-turn episodes played through the env, the compress level drawn
     uniformly from 1..5 on every turn with the same note, so only the level decides Q_com."""
@@ -234,6 +257,7 @@ def hrr_cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 
     return trainer.save_pretrained(out_dir)
 
 
+@one_thread
 def run_hrr(stage1: Path, dataset: Path, out_dir: Path, seed: int, w: float) -> dict:
     """Train with HRR weight ``w`` while every reward is 0; the per-step mean Q_com and its change."""
     from ziprl.loop.in_process import train
