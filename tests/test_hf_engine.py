@@ -8,19 +8,11 @@ import torch
 
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine, resolve_model_path
+from ziprl.policy.decoding import sample
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 QUESTIONS = ["What is the capital of France?", "Write a long poem about the sea, the sky and the wind.", "Hi"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Decode steps of a 135M model are tiny: one thread is as fast, and ~10x faster on a busy shared CPU."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
@@ -254,13 +246,13 @@ def test_sampling_draws_each_token_at_its_probability_and_never_outside_the_nucl
     outside the nucleus and zero-probability tokens never come up; a seeded generator repeats its draws."""
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])).repeat(20_000, 1)
     gen = torch.Generator().manual_seed(0)
-    draws = HFEngine._sample(logits, SamplingConfig(temperature=1.0, top_p=1.0), False, gen)
+    draws = sample(logits, SamplingConfig(temperature=1.0, top_p=1.0), False, gen)
     freq = torch.bincount(draws, minlength=5).double() / draws.numel()
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0], dtype=torch.float64)
     assert torch.all((freq - expected).abs() <= 4 * (expected * (1 - expected) / draws.numel()).sqrt() + 1e-12)
-    nucleus = HFEngine._sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), False, gen)
+    nucleus = sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), False, gen)
     assert set(nucleus.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15, 0.05 and 0 are cut
     share = (nucleus == 0).double().mean().item()
     assert share == pytest.approx(0.5 / 0.8, abs=0.02)  # renormalised over the nucleus
-    again = HFEngine._sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3))
-    assert again.equal(HFEngine._sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3)))
+    again = sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3))
+    assert again.equal(sample(logits[:50], SamplingConfig(), False, torch.Generator().manual_seed(3)))

@@ -27,8 +27,8 @@ from ziprl.retrieval.types import QAExample
 def test_builtin_entries_in_order():
     assert STRATEGIES.names()[:4] == ("adaptive", "uniform", "react", "summary")
     assert TOOLS.names() == ("search", "open", "answer") and REWARDS.names() == ("em", "f1")
-    assert ENGINES.names() == ("hf", "vllm")
-    assert [ENGINES[n].weight_transfer for n in ENGINES] == ["ziprl_group", "vllm_nccl"]
+    assert ENGINES.names() == ("hf", "vllm", "llamacpp")
+    assert [ENGINES[n].weight_transfer for n in ENGINES] == ["ziprl_group", "vllm_nccl", "ziprl_group"]
     assert closing_tags() == ["</search>", "</open>", "</answer>"]
     assert stop_strings(SamplingConfig()) == closing_tags() and stop_strings(SamplingConfig(stop=["x", ""])) == ["x"]
 
@@ -79,7 +79,7 @@ def test_names_must_be_identifiers():
 @pytest.mark.parametrize("override, needle", [
     ("env.strategy=magic", "env.strategy must be a registered strategy (adaptive, uniform, react, summary"),
     ("env.reward=magic", "env.reward must be a registered reward (em, f1), got 'magic'"),
-    ("model.engine=magic", "model.engine must be a registered engine (hf, vllm), got 'magic'"),
+    ("model.engine=magic", "model.engine must be a registered engine (hf, vllm, llamacpp), got 'magic'"),
 ])
 def test_config_error_lists_registered_names(override, needle, capsys):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -89,15 +89,15 @@ def test_config_error_lists_registered_names(override, needle, capsys):
     assert err.startswith(f"error: {needle}") and err.endswith("'magic'\n") and err.count("\n") == 1
 
 
-def test_registration_modules_import_neither_torch_nor_vllm():
+def test_registration_modules_import_neither_torch_nor_vllm_nor_llama_cpp():
     """The config looks engine names up, so ``ziprl.policy.engines`` must stay cheap to import."""
     import subprocess
 
     code = ("import sys\nfrom ziprl.config import load_config\nload_config(None, ['model.engine=vllm'])\n"
             "from ziprl.registry import ENGINES\nprint(ENGINES.names(), ENGINES['vllm'].weight_transfer, "
-            "sorted(m for m in ('torch', 'vllm') if m in sys.modules))\n")
+            "sorted(m for m in ('torch', 'vllm', 'llama_cpp') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    assert out == "('hf', 'vllm') vllm_nccl []\n"
+    assert out == "('hf', 'vllm', 'llamacpp') vllm_nccl []\n"
 
 
 class Echo(Tool):
@@ -190,7 +190,7 @@ def test_registering_an_engine_is_all_it_takes(tmp_path, monkeypatch):
     collective weight push follow its spec."""
     register(monkeypatch, Recorder)
     with pytest.raises(ConfigError, match=re.escape("model.engine=recorder runs on CUDA only: set model.device="
-                                                    "auto (or cuda), or model.engine=hf for the CPU")):
+                                                    "auto (or cuda), or model.engine=hf | llamacpp for the CPU")):
         load_config(None, ["model.engine=recorder", "model.device=cpu"])
     cfg = load_config(None, ["model.engine=recorder", "model.dtype=bfloat16", "model.num_threads=0"])
     engine = make_engine(cfg.model, tmp_path)

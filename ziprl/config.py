@@ -125,7 +125,8 @@ class ModelConfig:
                              "(evaluation, demos).")
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
     engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
-                            "lazily imported); ziprl/policy/engines/.")
+                            "lazily imported) | llamacpp (CPU, Llama-architecture models, the llamacpp extra; "
+                            "faster than hf on short prompts, slower on long ones: README); ziprl/policy/engines/.")
     device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
     gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
     num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "

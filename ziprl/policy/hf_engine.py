@@ -1,16 +1,8 @@
 """Generation with HF transformers (CPU or GPU): a plain prefill + KV-cache decode loop.
 
-Behaviour log-probs: for every generated token we record ``log_softmax(logits)[token]`` of the model's
-RAW next-token distribution (temperature 1, no top-p truncation, float32, full vocabulary), whatever
-temperature/top-p the token was sampled with. The learner computes pi_theta(token) from plain logits,
-so the PPO ratio pi_theta / pi_old compares like with like; vLLM's default ``logprobs_mode`` ("raw_logprobs")
-reports the same quantity, so both engines are interchangeable.
-
-Stops: a sequence ends at an EOS token (kept in ``token_ids``, since the policy must learn to emit it,
-dropped from ``text``), at the token that completes the first stop string (tokens after it are never
-generated; ``text`` is cut right after the stop string, as vLLM's ``include_stop_str_in_output=True``
-does), or after ``max_new_tokens`` (finish_reason "length"). Finished rows leave the batch (their KV
-cache rows are dropped), so a batch costs what its still-running rows cost. The KV cache has room reserved
+Behaviour log-probs, sampling and stops are :mod:`ziprl.policy.decoding`'s (raw log-probs at temperature 1, as
+vLLM's default reports them; EOS, a stop string or ``max_new_tokens`` ends a row). Finished rows leave the batch
+(their KV cache rows are dropped), so a batch costs what its still-running rows cost. The KV cache has room reserved
 past the prompt, so a decode step appends in place rather than copying the cache.
 """
 
@@ -27,7 +19,8 @@ from transformers.cache_utils import DynamicLayer
 
 from ziprl.config import SamplingConfig
 from ziprl.policy.cpu_attention import use_decode_attention
-from ziprl.policy.engine import Generation, GenerationEngine, stop_strings
+from ziprl.policy.decoding import DecodeRows, generator, sample
+from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.policy.kv import (
     cache_kwarg,
     fork,
@@ -109,56 +102,26 @@ class HFEngine(GenerationEngine):
             raise ValueError("every prompt needs at least one token")
         start = time.perf_counter()
         greedy = sampling.greedy or sampling.temperature == 0
-        gen = torch.Generator(device=self.device)
-        if seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(seed)
-        stops = stop_strings(sampling)
-        window = max((len(s.encode()) for s in stops), default=0) + 1  # tokens that can hold a stop string
-
+        gen = generator(self.device, seed)
         logits, cache, mask, next_pos = self._prefill(prompts, room=min(sampling.max_new_tokens, 256))
-
-        rows = list(range(len(prompts)))  # prompt index of each row still in the batch
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[float]] = [[] for _ in prompts]
-        reasons = ["length"] * len(prompts)
-        stopped_by_string = [False] * len(prompts)
+        rows = DecodeRows(self._tokenizer, self.eos_ids, prompts, sampling)
         for step in range(sampling.max_new_tokens):
             logits = logits.float()
-            next_tok = self._sample(logits, sampling, greedy, gen)
-            token_lp = torch.log_softmax(logits, dim=-1).gather(1, next_tok[:, None]).squeeze(1)
-            keep = []
-            for j, (r, t, lp) in enumerate(zip(rows, next_tok.tolist(), token_lp.tolist(), strict=True)):
-                tokens[r].append(t)
-                logprobs[r].append(lp)
-                if t in self.eos_ids:
-                    reasons[r] = "stop"
-                elif stops and self._ends_with_stop(tokens[r][-window:], stops):
-                    reasons[r], stopped_by_string[r] = "stop", True
-                else:
-                    keep.append(j)
+            next_tok = sample(logits, sampling, greedy, gen)
+            keep = rows.record(next_tok, logits)
             if not keep or step == sampling.max_new_tokens - 1:
                 break
-            if len(keep) < len(rows):  # drop finished rows from the batch and the KV cache
+            if len(keep) < len(next_tok):  # drop finished rows from the batch and the KV cache
                 idx = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(idx)
                 mask, next_pos, next_tok = mask[idx], next_pos[idx], next_tok[idx]
-                rows = [rows[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
             logits = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 use_cache=True, **{cache_kwarg(self.model): cache}).logits[:, -1, :]
             next_pos = next_pos + 1
-
-        results = []
-        for i, p in enumerate(prompts):
-            text = self._tokenizer.decode(tokens[i], skip_special_tokens=True)
-            if stopped_by_string[i]:
-                text = text[: min(text.find(s) + len(s) for s in stops if s in text)]
-            results.append(Generation(list(p), tokens[i], logprobs[i], text, reasons[i]))
-        self.tokens_generated += sum(len(t) for t in tokens)
+        self.tokens_generated += rows.count
         self.generation_seconds += time.perf_counter() - start
-        return results
+        return rows.generations()
 
     def _prefill(self, prompts: list[list[int]], room: int) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Forward over the prompts; returns the last logits ``[B, V]``, the KV cache (with ``room`` free positions),
@@ -209,30 +172,6 @@ class HFEngine(GenerationEngine):
             last.append(out.logits[:, -1, :])
             caches.append(output_cache(out))
         return torch.cat(last), caches
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: torch.Generator) -> torch.Tensor:
-        """Next token per row: argmax, or a draw from softmax(logits / T) restricted to the top-p nucleus.
-
-        The draw inverts the CDF with one uniform number per row (``torch.multinomial`` draws an exponential per
-        vocabulary entry: 12% of a batch-8 decode step of a 49k-token vocabulary on this CPU)."""
-        if greedy:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / sampling.temperature, dim=-1)
-        if sampling.top_p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            outside = sorted_p.cumsum(dim=-1) - sorted_p > sampling.top_p  # mass before the token already >= p
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(outside, 0.0))
-        cdf = probs.cumsum(dim=-1)
-        # u in (0, 1] of each row's total mass: the first token whose CDF reaches it; a zero-probability token never
-        # holds the first CDF value >= u > 0, so it is never drawn
-        u = (1.0 - torch.rand((probs.size(0), 1), generator=gen, device=probs.device)) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u).clamp_(max=probs.size(-1) - 1).squeeze(1)
-
-    def _ends_with_stop(self, tail: list[int], stops: list[str]) -> bool:
-        """Whether the decoded tail contains a stop string (checked after every token, so it just completed)."""
-        text = self._tokenizer.decode(tail)
-        return any(s in text for s in stops)
 
     def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
         """Install new weights; all are checked before any is written.
