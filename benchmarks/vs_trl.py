@@ -13,7 +13,9 @@ excluded and each subprocess's first step is warm-up. The per-step figure is the
 over ``--rounds`` rounds whose side order alternates, because on a shared machine the load drifts a lot (and
 with it the cost of torch's multi-threaded kernels: pass ``--threads 1`` on a busy 2-core box).
 
-Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N]``
+``--engines hf,llamacpp`` adds a ZipRL side per generation engine (each in the learner's dtype), run in the same rounds.
+
+Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N] [--engines hf,...] [--out NAME]``
 """
 
 from __future__ import annotations
@@ -42,19 +44,19 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def run_ziprl(steps: int) -> dict:
+def run_ziprl(steps: int, engine_name: str = "hf") -> dict:
     from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, resolve_engine_dtype
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.trainer import Trainer
     from ziprl.loop.in_process import InProcessPush
-    from ziprl.policy import HFEngine, resolve_model_path
+    from ziprl.policy import make_engine, resolve_model_path
 
     path = resolve_model_path(ModelConfig())
     cfg = ZipRLConfig()
     cfg.learner.lr, cfg.learner.beta, cfg.learner.micro_batch_turns = LR, BETA, len(PROMPTS) * G
     trainer = Trainer(cfg, path)
     dtype = resolve_engine_dtype(cfg.model, trainer.bf16).dtype
-    engine = HFEngine(path, device="cpu", dtype=dtype)
+    engine = make_engine(ModelConfig(engine=engine_name, dtype=dtype, device="cpu"), path)
     push = InProcessPush(trainer.named_weights, engine)  # ziprl.train's push
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW_TOKENS, stop=[])
     prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
@@ -79,7 +81,7 @@ def run_ziprl(steps: int) -> dict:
         for part, seconds in zip(parts, (generated - start, trained - generated, end - trained), strict=True):
             parts[part].append(seconds)
     return {"step_seconds": times, "completion_tokens": tokens, **parts,
-            "precision": f"learner {'bf16' if trainer.bf16 else 'float32'}, engine {dtype}"}
+            "precision": f"learner {'bf16' if trainer.bf16 else 'float32'}, {engine_name} engine {dtype}"}
 
 
 def run_trl(steps: int) -> dict:
@@ -134,7 +136,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per side and round (the first is warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of one subprocess per side, order alternating")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
-    parser.add_argument("--side", choices=["ziprl", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--engines", default="hf", help="ZipRL sides, one per generation engine (e.g. hf,llamacpp); "
+                                                           "the first is the headline ratio")
+    parser.add_argument("--out", default="vs_trl", help="results name: benchmarks/results/<out>.{json,md}")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # trl | ziprl:<engine> (one subprocess's side)
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps must be >= 3: one warm-up step and at least two measured ones")
@@ -144,16 +149,16 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         load = os.getloadavg()[0]
-        result = (run_ziprl if args.side == "ziprl" else run_trl)(args.steps)
+        result = run_trl(args.steps) if args.side == "trl" else run_ziprl(args.steps, args.side.split(":")[1])
         print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads(),
                           "load_1m": [load, os.getloadavg()[0]]}))
         return
 
     from _common import write_results
 
-    runs: dict[str, list[dict]] = {"ziprl": [], "trl": []}
-    for r in range(args.rounds):  # alternate the order so drifting machine load hits both sides alike
-        for side in ("ziprl", "trl") if r % 2 == 0 else ("trl", "ziprl"):
+    runs: dict[str, list[dict]] = {**{f"ziprl:{e}": [] for e in args.engines.split(",")}, "trl": []}
+    for r in range(args.rounds):  # alternate the order so drifting machine load hits all sides alike
+        for side in list(runs) if r % 2 == 0 else list(runs)[::-1]:
             runs[side].append(side_in_subprocess(side, args.steps, args.threads))
             print(f"round {r} {side}: {json.dumps(runs[side][-1])}", flush=True)
     rows = []
@@ -169,16 +174,17 @@ def main() -> None:
             if part in results[0]:
                 row[part] = statistics.median(t for res in results for t in res[part][1:])
         rows.append(row)
-    ratio = rows[0]["step_s"] / rows[1]["step_s"]
+    ratio = rows[0]["step_s"] / rows[-1]["step_s"]
     for row in rows:
-        row["time_vs_trl"] = row["step_s"] / rows[1]["step_s"]
-    loads = [x for res in runs["ziprl"] + runs["trl"] for x in res["load_1m"]]
+        row["time_vs_trl"] = row["step_s"] / rows[-1]["step_s"]
+    loads = [x for results in runs.values() for res in results for x in res["load_1m"]]
     meta = {"prompts": len(PROMPTS), "group_size": G, "max_new_tokens": NEW_TOKENS, "beta": BETA, "lr": LR,
             "steps_per_side_and_round": args.steps, "rounds": args.rounds, "statistic": "median of measured steps",
             "load_1m_range": [min(loads), max(loads)], "ziprl_time_vs_trl": ratio,
             "goal": "ziprl_time_vs_trl <= 0.5"}
-    write_results("vs_trl", rows, meta)
-    print(f"ZipRL step time = {ratio:.3f} x TRL's")
+    write_results(args.out, rows, meta)
+    for row in rows[:-1]:
+        print(f"ZipRL ({row['framework']}) step time = {row['time_vs_trl']:.3f} x TRL's")
 
 
 if __name__ == "__main__":

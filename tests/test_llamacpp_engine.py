@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.test_hf_engine import _teacher_forced_logprobs
 from tests.test_trainer import requires_deepspeed
@@ -188,3 +190,29 @@ def test_trains_in_process_with_weights_pushed_in_place(tiny_model_dir, tmp_path
     assert 0 < last["learner/mismatch_abs_mean"] < 1e-2 and last["learner/tis_mean"] == pytest.approx(1, abs=0.05)
     second = load_trajectories(tmp_path / "trajectories" / "step_000002.parquet")
     assert {t.policy_version for t in second} == {1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir) -> LlamaCppEngine:
+    e = LlamaCppEngine(tiny_model_dir, dtype="float32", threads=1)
+    yield e
+    e.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(prefix=st.lists(st.integers(0, 49151), max_size=6),
+       own=st.lists(st.lists(st.integers(0, 49151), max_size=9), min_size=1, max_size=5),
+       new=st.integers(1, 6), stop=st.sampled_from([[], ["a"], ["</search>", "\n"]]))
+def test_any_prompts_get_their_own_generation(tiny, prefix, own, new, stop):
+    """Prompts of any valid token ids and lengths, sharing a prefix or not, rows ending at different steps: one
+    generation per prompt, at most ``new`` tokens, finite log-probs <= 0, and each row as it is alone."""
+    prompts = [prefix + o for o in own if prefix + o] or [[0]]
+    sampling = SamplingConfig(greedy=True, max_new_tokens=new, stop=stop)
+    out = tiny.generate(prompts, sampling)
+    assert [g.prompt_ids for g in out] == prompts
+    for g, p in zip(out, prompts, strict=True):
+        assert 1 <= len(g.token_ids) == len(g.logprobs) <= new and g.finish_reason in ("stop", "length")
+        assert all(np.isfinite(x) and x <= 1e-6 for x in g.logprobs)
+        assert g.finish_reason == "length" or g.token_ids[-1] in tiny.eos_ids or any(s in g.text for s in stop)
+        alone = tiny.generate([p], sampling)[0]
+        assert alone.token_ids == g.token_ids and np.allclose(alone.logprobs, g.logprobs, atol=1e-2)
