@@ -3,6 +3,7 @@ by registration alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import types
@@ -223,3 +224,16 @@ def test_an_engine_on_the_ziprl_group_needs_the_group(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no member of the group"):
         WeightReceiver(engine).receive([("w", "float32", [4])], 7)
     assert engine.calls == []
+
+
+def test_an_engine_whose_package_is_missing_is_refused_with_the_config(monkeypatch):
+    """An engine's ``requires`` is checked when the config is, before any stage runs, naming how to install it."""
+    ENGINES.names()
+    spec = EngineSpec(lambda: Recorder, lambda c, m, path: c(path, m.dtype), cpu=True, exact_logprobs=lambda m: False,
+                      requires="no_such_package_for_ziprl", install="pip install no-such-package")
+    monkeypatch.setitem(ENGINES._entries, "recorder", (5, spec))
+    with pytest.raises(ConfigError, match=re.escape("model.engine=recorder needs a package that is not installed: "
+                                                    "pip install no-such-package")):
+        load_config(None, ["model.engine=recorder"])
+    monkeypatch.setitem(ENGINES._entries, "recorder", (5, dataclasses.replace(spec, requires="json")))
+    assert load_config(None, ["model.engine=recorder"]).model.engine == "recorder"

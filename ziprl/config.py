@@ -364,6 +364,8 @@ class ZipRLConfig:
             (engine is None or engine.cpu or self.model.device != "cpu",
              f"model.engine={self.model.engine} runs on CUDA only: set model.device=auto (or cuda), or model.engine="
              f"{' | '.join(n for n in ENGINES if ENGINES[n].cpu)} for the CPU"),
+            (engine is None or engine.installed(),
+             f"model.engine={self.model.engine} needs a package that is not installed: {engine and engine.install}"),
             (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
              "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
             (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,

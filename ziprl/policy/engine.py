@@ -87,6 +87,14 @@ class EngineSpec:
     cpu: bool  # runs with model.device=cpu (else CUDA only)
     exact_logprobs: Callable[[ModelConfig], bool]  # behaviour log-probs are exactly the float32 learner's
     claims_gpu_memory: bool = False  # takes model.gpu_memory_utilization of its GPU up front
+    requires: str | None = None  # a module the engine imports, checked when the config is (None: checked when built)
+    install: str = ""  # how to install ``requires``
+
+    def installed(self) -> bool:
+        """Whether ``requires`` can be imported (found without importing it)."""
+        import importlib.util
+
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
 
     def make(self, model_cfg: ModelConfig, path: Path) -> GenerationEngine:
         return self.build(self.engine_class(), model_cfg, path)

@@ -32,19 +32,13 @@ from ziprl.policy.gguf_export import GGUF_DTYPES, MappedWeights, check_config, w
 from ziprl.policy.kv import shared_prefix_len
 from ziprl.policy.models import load_tokenizer
 
-INSTALL_HINT = "pip install llama-cpp-python (builds llama.cpp from source: a C++ compiler and cmake, ~5 min)"
-
-
 _GGML_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # enum ggml_type
 _LOG: list[Any] = []  # the log callback, kept alive while llama.cpp holds it
 
 
 def _llama() -> Any:
     """llama-cpp-python's ctypes bindings, imported on first use, llama.cpp logging warnings and errors only."""
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise ImportError(f"model.engine=llamacpp needs llama-cpp-python: {INSTALL_HINT}") from e
+    import llama_cpp  # the config checked it is installed (EngineSpec.requires)
     if not _LOG:
         @llama_cpp.llama_log_callback
         def warnings_only(level: int, text: bytes, user_data: Any) -> None:

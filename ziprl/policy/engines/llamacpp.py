@@ -20,5 +20,6 @@ def build(cls: type[GenerationEngine], m: ModelConfig, path: Path) -> Generation
 
 
 # its own kernels: log-probs differ from the learner's in the last bits, whatever the dtype
-SPEC = ENGINES.register("llamacpp", order=2)(EngineSpec(engine_class, build, cpu=True,
-                                                        exact_logprobs=lambda m: False))
+SPEC = ENGINES.register("llamacpp", order=2)(EngineSpec(
+    engine_class, build, cpu=True, exact_logprobs=lambda m: False, requires="llama_cpp",
+    install="pip install 'ziprl[llamacpp]' (builds llama.cpp: a C++ compiler and cmake, ~5 minutes)"))
