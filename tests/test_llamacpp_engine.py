@@ -149,6 +149,11 @@ def test_bad_input_and_unsupported_models(engine, tmp_path, default_model_dir):
     (qwen / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
     with pytest.raises(UnsupportedModel, match="model.engine=hf"):
         LlamaCppEngine(qwen)
+    (qwen / "config.json").unlink()
+    (qwen / "config.json").write_text(json.dumps(cfg))
+    (qwen / "model.safetensors").unlink()
+    with pytest.raises(UnsupportedModel, match="no .safetensors weights"):
+        LlamaCppEngine(qwen)
 
 
 def test_registered_and_built_from_the_config_leaving_no_file(default_model_dir, tmp_path, monkeypatch):

@@ -84,8 +84,9 @@ class DecodeRows:
         return keep
 
     def _ends_with_stop(self, tail: list[int]) -> bool:
-        """Whether the decoded tail contains a stop string (checked after every token, so it just completed)."""
-        text = self.tokenizer.decode(tail)
+        """Whether the decoded tail contains a stop string (checked after every token, so it just completed); decoded
+        as ``text`` is, without special tokens (vLLM's default), so a special token's own text is never a stop."""
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
         return any(s in text for s in self.stops)
 
     def generations(self) -> list[Generation]:

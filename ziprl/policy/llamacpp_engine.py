@@ -28,7 +28,7 @@ import torch
 from ziprl.config import SamplingConfig
 from ziprl.policy.decoding import DecodeRows, generator, sample
 from ziprl.policy.engine import Generation, GenerationEngine
-from ziprl.policy.gguf_export import GGUF_DTYPES, MappedWeights, check_config, write_gguf
+from ziprl.policy.gguf_export import GGUF_DTYPES, MappedWeights, UnsupportedModel, check_config, write_gguf
 from ziprl.policy.kv import shared_prefix_len
 from ziprl.policy.models import load_tokenizer
 
@@ -42,7 +42,9 @@ def _llama() -> Any:
     if not _LOG:
         @llama_cpp.llama_log_callback
         def warnings_only(level: int, text: bytes, user_data: Any) -> None:
-            if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR (its info lines are per tensor)
+            # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR (its info lines are per tensor); "adding N dummy tokens" is
+            # the tokenizer-free GGUF it is given on purpose
+            if level in (3, 4) and b"dummy tokens" not in text:
                 print(text.decode(errors="replace"), end="", file=sys.stderr, flush=True)
 
         _LOG.append(warnings_only)
@@ -93,8 +95,12 @@ class LlamaCppEngine(GenerationEngine):
         self.generation_seconds = 0.0
         self._model = self._ctx = None
         self._n_ctx = self._n_seq = 0
+        shards = sorted(path.glob("*.safetensors"))
+        if not shards:
+            raise UnsupportedModel(f"{path} holds no .safetensors weights, which model.engine=llamacpp reads: "
+                                   f"save the model with save_pretrained (safetensors), or use model.engine=hf")
         weights: dict[str, Any] = {}
-        for shard in sorted(path.glob("*.safetensors")):
+        for shard in shards:
             weights.update(load_file(str(shard)))
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         own = Path(tempfile.mkdtemp(prefix="ziprl-llamacpp-", dir=shm))
