@@ -36,6 +36,16 @@ def sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: to
     return torch.searchsorted(cdf, u).clamp_(max=probs.size(-1) - 1).squeeze(1)
 
 
+def eos_ids(generation_eos: int | list[int] | None, tokenizer: Any) -> frozenset[int]:
+    """EOS ids: generation_config's ``eos_token_id`` (one id, a list or None) and the tokenizer's EOS."""
+    eos = set(generation_eos if isinstance(generation_eos, list) else [] if generation_eos is None else [generation_eos])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    if not eos:
+        raise ValueError("the model has no EOS token id (generation_config.eos_token_id / tokenizer.eos_token)")
+    return frozenset(eos)
+
+
 def generator(device: torch.device | str, seed: int | None) -> torch.Generator:
     """A torch generator on ``device``, seeded with ``seed`` (None = fresh entropy)."""
     gen = torch.Generator(device=device)

@@ -131,28 +131,27 @@ class MappedWeights:
         self._tensors = {t.name: t.data.view(np.uint16) if t.tensor_type.name == "BF16" else t.data
                          for t in self._reader.tensors}
 
-    def check(self, weights: dict[str, Any]) -> None:
-        """Raise on an unknown name, a shape the file does not hold or a tensor left without a value, before
-        anything is written (HF names; a tied embedding may come under either name or both)."""
+    def targets(self, weights: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The file tensor each HF name writes to; raises on an unknown name, a shape the file does not hold or a
+        tensor left without a value, before anything is written (a tied embedding may come under either name)."""
         tied = bool(self.config.tie_word_embeddings)
-        covered = set()
+        targets = {}
         for name, value in weights.items():
             try:
-                target = self._tensors[tensor_name(name, tied)]
+                targets[name] = self._tensors[tensor_name(name, tied)]
             except KeyError:
                 raise KeyError(f"load_weights: {name!r} is not a parameter of this model "
                                f"(expected HF names such as model.layers.0.self_attn.q_proj.weight)") from None
-            if tuple(np.shape(value)) != tuple(target.shape):
+            if tuple(np.shape(value)) != tuple(targets[name].shape):
                 raise ValueError(f"load_weights: {name} has shape {tuple(np.shape(value))}, "
-                                 f"the model expects {tuple(target.shape)}")
-            covered.add(tensor_name(name, tied))
-        missing = sorted(set(self._tensors) - covered)
+                                 f"the model expects {tuple(targets[name].shape)}")
+        covered = {id(t) for t in targets.values()}
+        missing = sorted(n for n, t in self._tensors.items() if id(t) not in covered)
         if missing:
             raise KeyError(f"load_weights: no new value for {len(missing)} tensor(s), e.g. {missing[:3]}")
+        return targets
 
     def write(self, weights: dict[str, Any]) -> None:
         """Overwrite the file's tensors with ``weights`` (all checked before any is written)."""
-        self.check(weights)
-        tied = bool(self.config.tie_word_embeddings)
-        for name, value in weights.items():
-            self._tensors[tensor_name(name, tied)][...] = gguf_array(name, value, self.config, self.dtype)
+        for name, target in self.targets(weights).items():
+            target[...] = gguf_array(name, weights[name], self.config, self.dtype)

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ziprl.config import SamplingConfig
 from ziprl.policy.cpu_attention import use_decode_attention
-from ziprl.policy.decoding import DecodeRows, generator, sample
+from ziprl.policy.decoding import DecodeRows, eos_ids, generator, sample
 from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.policy.kv import (
     cache_kwarg,
@@ -75,14 +75,8 @@ class HFEngine(GenerationEngine):
         plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
         self.unpadded_prefill = plain and (self.device.type == "cpu" if unpadded_prefill is None else unpadded_prefill)
         self._tokenizer = tokenizer
-        eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        if not eos:
-            raise ValueError("the model has no EOS token id (generation_config.eos_token_id / tokenizer.eos_token)")
-        self.eos_ids = frozenset(eos)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        self.eos_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.weights_device = str(self.device)
         self.weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.version = 0

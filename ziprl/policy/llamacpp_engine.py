@@ -14,7 +14,6 @@ behaviour log-probs (raw, temperature 1) and stops are :mod:`ziprl.policy.decodi
 from __future__ import annotations
 
 import ctypes
-import json
 import shutil
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from ziprl.config import SamplingConfig
-from ziprl.policy.decoding import DecodeRows, generator, sample
+from ziprl.policy.decoding import DecodeRows, eos_ids, generator, sample
 from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.policy.gguf_export import GGUF_DTYPES, MappedWeights, UnsupportedModel, check_config, write_gguf
 from ziprl.policy.kv import shared_prefix_len
@@ -53,20 +52,6 @@ def _llama() -> Any:
     return llama_cpp
 
 
-def _eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
-    """EOS ids of generation_config.json and the tokenizer."""
-    eos: set[int] = set()
-    gen_cfg = path / "generation_config.json"
-    if gen_cfg.is_file():
-        value = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        eos.update(value if isinstance(value, list) else [] if value is None else [value])
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    if not eos:
-        raise ValueError("the model has no EOS token id (generation_config.eos_token_id / tokenizer.eos_token)")
-    return frozenset(eos)
-
-
 class LlamaCppEngine(GenerationEngine):
     """A :class:`GenerationEngine` over llama.cpp, from a local HF Llama checkpoint (safetensors).
 
@@ -76,7 +61,7 @@ class LlamaCppEngine(GenerationEngine):
 
     def __init__(self, path: str | Path, *, dtype: str = "float32", threads: int = 0) -> None:
         from safetensors.torch import load_file
-        from transformers import AutoConfig
+        from transformers import AutoConfig, GenerationConfig
 
         path = Path(path)
         if dtype not in GGUF_DTYPES:
@@ -85,7 +70,8 @@ class LlamaCppEngine(GenerationEngine):
         self.config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         check_config(self.config)
         self._tokenizer = load_tokenizer(path)
-        self.eos_ids = _eos_ids(path, self._tokenizer)
+        self.eos_ids = eos_ids(GenerationConfig.from_pretrained(path).eos_token_id
+                               if (path / "generation_config.json").is_file() else None, self._tokenizer)
         self.vocab_size = int(self.config.vocab_size)
         self.threads = threads or torch.get_num_threads()
         self.weights_device, self.weights_dtype = "cpu", dtype
@@ -210,7 +196,6 @@ class LlamaCppEngine(GenerationEngine):
             seqs += [j] * (len(p) - s)
             last += [False] * (len(p) - s - 1) + [True]
         logits = self._decode(tokens, positions, seqs, last)
-        next_pos = [len(p) for p in prompts]
         for step in range(sampling.max_new_tokens):
             next_tok = sample(logits, sampling, greedy, gen)
             running = rows.active
@@ -219,11 +204,10 @@ class LlamaCppEngine(GenerationEngine):
                 self._ll.llama_memory_seq_rm(mem, r, -1, -1)
             if not keep or step == sampling.max_new_tokens - 1:
                 break
-            active = rows.active
-            logits = self._decode([int(next_tok[j]) for j in keep], [next_pos[r] for r in active], active,
+            active = rows.active  # each feeds back its last token, at the position after its others
+            logits = self._decode([int(next_tok[j]) for j in keep],
+                                  [len(prompts[r]) + len(rows.tokens[r]) - 1 for r in active], active,
                                   [True] * len(keep))
-            for r in active:
-                next_pos[r] += 1
 
     def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
         """Write new weights (HF names -> numpy arrays or tensors) into the mapped GGUF file; all are checked before
