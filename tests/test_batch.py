@@ -15,6 +15,7 @@ from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import (
     build_rows,
     make_micro_batches,
+    micro_batch_bounds,
     response_logprobs,
     response_logprobs_and_entropy,
 )
@@ -394,3 +395,26 @@ def test_any_rows_get_their_unpadded_logprobs(model, shapes, system, share, seed
     assert logp[mb.loss_mask == 0].eq(0).all()
     for k, row in enumerate(rows):
         assert logp[k][mb.loss_mask[k] == 1].tolist() == pytest.approx(direct_logprobs(model, row), abs=1e-5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5000), max_size=60), st.integers(1, 9), st.integers(0, 20000))
+def test_micro_batch_bounds_cover_every_row_once_within_the_budget(lengths, size, max_tokens):
+    lengths = sorted(lengths)
+    bounds = micro_batch_bounds(lengths, size, max_tokens)
+    assert [i for s, e in bounds for i in range(s, e)] == list(range(len(lengths)))  # in order, each once
+    for k, (s, e) in enumerate(bounds):
+        assert e > s
+        if not max_tokens:
+            assert e - s == size or (k == len(bounds) - 1 and e - s <= size)
+            continue
+        assert e - s == 1 or (e - s) * max(lengths[s:e]) <= max_tokens  # a longer turn runs alone
+        if e < len(lengths):  # greedy: the next row would not have fitted
+            assert (e + 1 - s) * max(lengths[s : e + 1]) > max_tokens
+
+
+def test_micro_batch_bounds_refuse_a_bad_size():
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        micro_batch_bounds([3, 4], 0)
+    with pytest.raises(ValueError, match="max_tokens >= 0"):
+        micro_batch_bounds([3, 4], 2, -1)

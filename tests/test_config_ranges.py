@@ -21,6 +21,7 @@ from ziprl.env import SearchCompressEnv
     ("sft.lr=0", "sft.lr must be > 0"),
     ("run.checkpoint_every=0", "run.checkpoint_every must be >= 1"),
     ("learner.micro_batch_turns=0", "learner.micro_batch_turns"),
+    ("learner.micro_batch_tokens=-1", "learner.micro_batch_tokens must be >= 0"),
     ("data.limit=0", "data.limit must be >= 1"),
     ("ray.http_port=70000", "ray.http_port"),
 ])

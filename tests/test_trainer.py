@@ -106,10 +106,13 @@ def grad_batches(tiny_model_dir) -> list[list[Trajectory]]:
     ]
 
 
-@pytest.mark.parametrize(("stage", "checkpointing"), [(0, False), (1, False), (2, False), (3, False), (0, True)])
-def test_gradients_equal_plain_torch_with_variable_micro_batches(stage, checkpointing, tiny_model_dir, grad_batches):
+@pytest.mark.parametrize(("stage", "checkpointing", "tokens"),
+                         [(0, False, 0), (1, False, 0), (2, False, 0), (3, False, 0), (0, True, 0),
+                          (0, False, 200), (3, False, 200)])  # 200 tokens: passes of 3, 3, 2 and 1 turns
+def test_gradients_equal_plain_torch_with_variable_micro_batches(stage, checkpointing, tokens, tiny_model_dir,
+                                                                 grad_batches):
     cfg = make_cfg(zero_stage=stage, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0,
-                   gradient_checkpointing=checkpointing)
+                   gradient_checkpointing=checkpointing, micro_batch_tokens=tokens)
     trainer = Trainer(cfg, tiny_model_dir)
     assert trainer.ref_model is None  # beta = 0: no reference model is loaded
     seen = capture_grads(trainer)
@@ -287,18 +290,19 @@ def two_rank_worker(model_dir: str, batch_file: str, out_dir: str) -> None:
     from ziprl.learner.distributed import rank
 
     trajectories = load_trajectories(batch_file)
-    for stage in (0, 2):
-        cfg = make_cfg(zero_stage=stage, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0)
+    for name, stage, tokens in (("stage0", 0, 0), ("stage2", 2, 0), ("stage2-tokens", 2, 100)):
+        cfg = make_cfg(zero_stage=stage, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0,
+                       micro_batch_tokens=tokens)
         trainer = Trainer(cfg, Path(model_dir))
         seen = capture_grads(trainer)
         stats = trainer.train_step(trajectories)
-        save_file({"grad": seen[-1]}, f"{out_dir}/stage{stage}-rank{rank()}.safetensors")
-        Path(f"{out_dir}/stage{stage}-rank{rank()}.json").write_text(json.dumps(stats))
+        save_file({"grad": seen[-1]}, f"{out_dir}/{name}-rank{rank()}.safetensors")
+        Path(f"{out_dir}/{name}-rank{rank()}.json").write_text(json.dumps(stats))
 
 
 def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_batches, tmp_path):
-    """Two gloo ranks each train on half of the turns (unequal micro-batch counts: 3 and 2) and reach the
-    gradient, loss and weights of one rank training on all of them."""
+    """Two gloo ranks each train on half of the turns (unequal micro-batch counts: 3 and 2 of two turns; 5 and 4
+    under a 100-token budget) and reach the gradient, loss and weights of one rank training on all of them."""
     from safetensors.torch import load_file
 
     from ziprl.env.trajectory import save_trajectories
@@ -322,13 +326,13 @@ def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_bat
 
     cfg = make_cfg(zero_stage=0, micro_batch_turns=2, lr=1e-2, beta=0.0, max_grad_norm=0.0)
     ref_grad, ref_loss = reference_step(tiny_model_dir, Trainer(cfg, tiny_model_dir).named_weights_numpy(), batch, cfg)
-    for stage in (0, 2):
-        grads = [load_file(tmp_path / f"stage{stage}-rank{r}.safetensors")["grad"] for r in range(2)]
+    for name in ("stage0", "stage2", "stage2-tokens"):
+        grads = [load_file(tmp_path / f"{name}-rank{r}.safetensors")["grad"] for r in range(2)]
         # ZeRO-0: each rank holds the whole averaged gradient; ZeRO-2: each holds its half of the flat one
-        grad = grads[0] if stage == 0 else torch.cat(grads)
+        grad = grads[0] if name == "stage0" else torch.cat(grads)
         assert grad[: ref_grad.numel()].allclose(ref_grad, rtol=1e-4, atol=1e-6 * float(ref_grad.abs().max()))
         for r in range(2):
-            stats = json.loads((tmp_path / f"stage{stage}-rank{r}.json").read_text())
+            stats = json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
             assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5)
             assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
 

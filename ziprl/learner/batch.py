@@ -162,13 +162,27 @@ def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False) ->
                       tuple(len(r.input_ids) for r in rows), s)
 
 
+def micro_batch_bounds(lengths: Sequence[int], micro_batch_size: int, max_tokens: int = 0) -> list[tuple[int, int]]:
+    """[start, end) of each micro-batch over rows of ``lengths``, in order: ``micro_batch_size`` rows each, or with
+    ``max_tokens`` > 0 as many consecutive rows as keep rows x longest row <= ``max_tokens`` (at least one)."""
+    if micro_batch_size < 1 or max_tokens < 0:
+        raise ValueError(f"micro_batch_size must be >= 1 and max_tokens >= 0, got {micro_batch_size}, {max_tokens}")
+    if not max_tokens:
+        return [(s, min(s + micro_batch_size, len(lengths))) for s in range(0, len(lengths), micro_batch_size)]
+    bounds, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (i + 1 - start) * max(longest, n) > max_tokens:
+            bounds.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    return bounds + [(start, len(lengths))] if lengths else bounds
+
+
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int,
-                       share_prefix: bool = False) -> list[MicroBatch]:
-    """Consecutive groups of ``micro_batch_size`` rows, each padded to its own longest prompt and response."""
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return [collate(rows[s : s + micro_batch_size], pad_id, share_prefix)
-            for s in range(0, len(rows), micro_batch_size)]
+                       share_prefix: bool = False, max_tokens: int = 0) -> list[MicroBatch]:
+    """Consecutive groups of rows (:func:`micro_batch_bounds`), each padded to its own longest row."""
+    bounds = micro_batch_bounds([len(r.input_ids) for r in rows], micro_batch_size, max_tokens)
+    return [collate(rows[s:e], pad_id, share_prefix) for s, e in bounds]
 
 
 def computed_tokens(batch: MicroBatch) -> int:

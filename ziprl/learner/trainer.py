@@ -21,14 +21,14 @@ gradients over ranks.
 
 Batch size: :meth:`Trainer.train_step` is ONE optimiser step over the trajectories it is given. The paper's
 global batch (64 questions x G trajectories) is what the caller hands it: ``learner.global_batch_questions``
-groups of ``rollout.group_size`` trajectories, split into micro-batches of ``learner.micro_batch_turns`` turns.
+groups of ``rollout.group_size`` trajectories, split into micro-batches of ``learner.micro_batch_turns`` turns (or
+up to ``learner.micro_batch_tokens`` padded tokens).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from ziprl.learner.batch import (
     build_rows,
     computed_tokens,
     make_micro_batches,
+    micro_batch_bounds,
     response_logprobs,
     response_logprobs_and_entropy,
 )
@@ -297,7 +298,8 @@ class Trainer:
         """One optimiser step of the cold-start SFT loss: NLL of the response tokens, mean over all of them.
 
         ``rows`` carry ``input_ids`` and ``response_start`` (see ``ziprl.learner.sft.sft_rows``); they are
-        split into micro-batches of ``micro_batch_size`` rows (default ``learner.micro_batch_turns``).
+        split into micro-batches of ``micro_batch_size`` rows (default ``learner.micro_batch_turns``), or by
+        ``learner.micro_batch_tokens`` when that is set.
         """
         start = self._clock()
         if not rows:
@@ -329,10 +331,14 @@ class Trainer:
         Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
         then rank r takes rows ``r::R``; a rank with fewer micro-batches than rank 0 runs zero-weight fillers.
         """
-        r, world = rank(), world_size()
+        r, world, tokens = rank(), world_size(), self.cfg.learner.micro_batch_tokens
         rows = sorted(rows, key=lambda row: len(row.input_ids))
-        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id, self.share_prefix)]
-        missing = math.ceil(len(rows[0::world]) / size) - len(batches)  # rank 0 holds the most rows
+        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id, self.share_prefix,
+                                                           tokens)]
+        # every rank plans every rank's share (each holds all rows), so all run the most micro-batches any rank has
+        most = max(len(micro_batch_bounds([len(x.input_ids) for x in rows[k::world]], size, tokens))
+                   for k in range(world))
+        missing = most - len(batches)
         if missing:
             filler = make_micro_batches([dataclasses.replace(rows[0], weight=0.0)], 1, self.pad_id)[0]
             batches += [(filler, False)] * missing
