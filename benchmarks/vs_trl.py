@@ -2,7 +2,9 @@
 
 Same work on both sides: 2 chat prompts x G = 4 sampled completions (temperature 1, top-p 1, at most 32 new
 tokens), a keyword + length reward, GRPO advantages, beta = 0.001 KL to a frozen reference, AdamW at lr 1e-6,
-one optimiser step. ZipRL runs its defaults: it trains with ``Trainer.train_step`` (DeepSpeed, ZeRO-0; bf16
+one optimiser step. ZipRL runs its defaults but one: the update probe (``learner.probe_update``, a forward after
+the update that logs how it moved the trained tokens' log-probs: diagnostic work TRL has no counterpart for) is off,
+so both sides do the same work; ``--engines hf,hf+probe`` adds a side with it on. ZipRL trains with ``Trainer.train_step`` (DeepSpeed, ZeRO-0; bf16
 compute where the CPU's bf16 products pay), generates with ``HFEngine`` in the learner's compute dtype
 (``model.dtype=auto``) and pushes the new weights into the engine; TRL does its own generation and update
 (``GRPOConfig`` defaults otherwise, which include gradient checkpointing; float32).
@@ -13,7 +15,8 @@ excluded and each subprocess's first step is warm-up. The per-step figure is the
 over ``--rounds`` rounds whose side order alternates, because on a shared machine the load drifts a lot (and
 with it the cost of torch's multi-threaded kernels: pass ``--threads 1`` on a busy 2-core box).
 
-``--engines hf,llamacpp`` adds a ZipRL side per generation engine (each in the learner's dtype), run in the same rounds.
+``--engines hf,llamacpp`` adds a ZipRL side per generation engine (each in the learner's dtype; ``NAME+probe``: with
+the update probe), run in the same rounds.
 
 Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N] [--engines hf,...] [--out NAME]``
 """
@@ -44,7 +47,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def run_ziprl(steps: int, engine_name: str = "hf") -> dict:
+def run_ziprl(steps: int, engine_name: str = "hf", probe: bool = False) -> dict:
     from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, resolve_engine_dtype
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.trainer import Trainer
@@ -54,6 +57,7 @@ def run_ziprl(steps: int, engine_name: str = "hf") -> dict:
     path = resolve_model_path(ModelConfig())
     cfg = ZipRLConfig()
     cfg.learner.lr, cfg.learner.beta, cfg.learner.micro_batch_turns = LR, BETA, len(PROMPTS) * G
+    cfg.learner.probe_update = probe
     trainer = Trainer(cfg, path)
     dtype = resolve_engine_dtype(cfg.model, trainer.bf16).dtype
     engine = make_engine(ModelConfig(engine=engine_name, dtype=dtype, device="cpu"), path)
@@ -81,7 +85,8 @@ def run_ziprl(steps: int, engine_name: str = "hf") -> dict:
         for part, seconds in zip(parts, (generated - start, trained - generated, end - trained), strict=True):
             parts[part].append(seconds)
     return {"step_seconds": times, "completion_tokens": tokens, **parts,
-            "precision": f"learner {'bf16' if trainer.bf16 else 'float32'}, {engine_name} engine {dtype}"}
+            "precision": f"learner {'bf16' if trainer.bf16 else 'float32'}, {engine_name} engine {dtype}"
+                         + (", update probe on" if probe else "")}
 
 
 def run_trl(steps: int) -> dict:
@@ -136,20 +141,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per side and round (the first is warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of one subprocess per side, order alternating")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
-    parser.add_argument("--engines", default="hf", help="ZipRL sides, one per generation engine (e.g. hf,llamacpp); "
-                                                           "the first is the headline ratio")
+    parser.add_argument("--engines", default="hf", help="ZipRL sides, one per generation engine (e.g. hf,llamacpp; "
+                                                           "NAME+probe: the update probe on); the first is the "
+                                                           "headline ratio")
     parser.add_argument("--out", default="vs_trl", help="results name: benchmarks/results/<out>.{json,md}")
-    parser.add_argument("--side", help=argparse.SUPPRESS)  # trl | ziprl:<engine> (one subprocess's side)
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # trl | ziprl:<engine>[+probe] (one subprocess's side)
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps must be >= 3: one warm-up step and at least two measured ones")
+    if any(e.partition("+")[2] not in ("", "probe") for e in args.engines.split(",")):
+        parser.error(f"--engines {args.engines}: each is an engine name, optionally with +probe (e.g. hf,hf+probe)")
     if args.side:
         import torch
 
         if args.threads:
             torch.set_num_threads(args.threads)
         load = os.getloadavg()[0]
-        result = run_trl(args.steps) if args.side == "trl" else run_ziprl(args.steps, args.side.split(":")[1])
+        engine, _, probe = args.side.partition(":")[2].partition("+")
+        result = run_trl(args.steps) if args.side == "trl" else run_ziprl(args.steps, engine, probe == "probe")
         print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads(),
                           "load_1m": [load, os.getloadavg()[0]]}))
         return
