@@ -9,6 +9,9 @@ token limit, the heaviest rollout).
                                   [--zero-stage 2] [--steps 2] [--tokenizer DIR] [--name gpu_step]
                                   [--set learner.FIELD=VALUE ...] [--profile]
 
+``--set learner.micro_batch_tokens=16384`` fills each pass by tokens instead of ``--micro-batch`` turns (on an H200
+the 1.7B step at 4 turns a pass was launch-bound: benchmarks/results/gpu_layout_h200.md).
+
 Per architecture, the mean over the steps after the first (which warms up kernels and the allocator): rollout
 tokens/s (one padded batch of questions x group rows per turn), the learner's forward, reference, backward and
 optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learner seconds against the bf16 GEMM

@@ -178,7 +178,7 @@ class LearnerConfig:
                                     "layout: 8 (configs/paper.yaml).")
     micro_batch_tokens: int = opt(0, "when > 0, replaces micro_batch_turns: each forward/backward pass takes the "
                                      "next length-sorted turns while rows x longest row stays within this many "
-                                     "tokens (a longer turn runs alone; verl's dynamic batch size). Fewer, fuller "
+                                     "tokens (a longer turn runs alone; verl's dynamic batch size, in padded tokens). Fewer, fuller "
                                      "passes keep a GPU busy: Qwen3-1.7B on an H200 was launch-bound at 4 turns "
                                      "(~4.5k tokens) a pass.")
     clip_eps: float = opt(0.2, "epsilon of the clipped ratio, clip(rho, 1 - eps, 1 + eps) (Eq. J_ZipRL). Common "

@@ -329,7 +329,7 @@ class Trainer:
         """This rank's micro-batches on the device; yields (micro-batch, is_real).
 
         Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
-        then rank r takes rows ``r::R``; a rank with fewer micro-batches than rank 0 runs zero-weight fillers.
+        then rank r takes rows ``r::R``; a rank with fewer micro-batches than another runs zero-weight fillers.
         """
         r, world, tokens = rank(), world_size(), self.cfg.learner.micro_batch_tokens
         rows = sorted(rows, key=lambda row: len(row.input_ids))
