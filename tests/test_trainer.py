@@ -125,6 +125,7 @@ def test_gradients_equal_plain_torch_with_variable_micro_batches(stage, checkpoi
         assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-8)
         assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
         assert stats["kl"] == 0.0 and trainer.policy_version == step
+        assert stats["passes"] == ([5, 1] if not tokens else [4, 1])[step - 1]  # 9 turns: 2 a pass, or 3+3+2+1
         if step == 1:
             assert stats["clip_frac"] > 0  # the perturbed behaviour log-probs exercise the clipped branch
 

@@ -190,8 +190,9 @@ class Trainer:
         # and the tokens the forward ran (a shared prefix once per micro-batch)
         sums = torch.zeros(9, dtype=torch.float64)
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
-        mismatch_max, probes = 0.0, {}
+        mismatch_max, probes, passes = 0.0, {}, 0
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
+            passes += 1
             t0 = self._clock()
             with self._compute():
                 logp, entropy = response_logprobs_and_entropy(self.engine, mb)
@@ -241,6 +242,7 @@ class Trainer:
             "trained_tokens": trained,
             "computed_tokens": computed,
             "turns": float(len(rows)),
+            "passes": float(passes),  # forward/backward passes this rank ran (fillers included)
             "policy_version": float(self.policy_version),
             "mismatch_abs_mean": gap / tokens,
             "mismatch_abs_max": mismatch_max,
