@@ -60,8 +60,8 @@ KERNEL_KINDS = (  # (column, kernel-name pattern), first match wins; the rest is
     ("copy", re.compile(r"memcpy|memset|copy|cat_|catarray", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|reduce|softmax|norm|unrolled|index|scatter|gather", re.I)),
 )
-PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_seconds", "seconds", "mfu", "passes",
-         "gemm_peak_tflops", "computed_tokens", "trained_tokens")
+PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_seconds", "seconds", "mfu",
+         "passes", "gemm_peak_tflops", "computed_tokens", "trained_tokens")
 
 
 def build_model(arch: str, tokenizer, out: Path) -> Path:

@@ -4,9 +4,9 @@ Same work on both sides: 2 chat prompts x G = 4 sampled completions (temperature
 tokens), a keyword + length reward, GRPO advantages, beta = 0.001 KL to a frozen reference, AdamW at lr 1e-6,
 one optimiser step. ZipRL runs its defaults but one: the update probe (``learner.probe_update``, a forward after
 the update that logs how it moved the trained tokens' log-probs: diagnostic work TRL has no counterpart for) is off,
-so both sides do the same work; ``--engines hf,hf+probe`` adds a side with it on. ZipRL trains with ``Trainer.train_step`` (DeepSpeed, ZeRO-0; bf16
-compute where the CPU's bf16 products pay), generates with ``HFEngine`` in the learner's compute dtype
-(``model.dtype=auto``) and pushes the new weights into the engine; TRL does its own generation and update
+so both sides do the same work; ``--engines hf,hf+probe`` adds a side with it on. ZipRL trains with
+``Trainer.train_step`` (DeepSpeed, ZeRO-0; bf16 compute where the CPU's bf16 products pay), generates with
+``HFEngine`` in the learner's compute dtype (``model.dtype=auto``) and pushes the new weights into the engine; TRL does its own generation and update
 (``GRPOConfig`` defaults otherwise, which include gradient checkpointing; float32).
 
 Each side runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own. A step's time is wall time

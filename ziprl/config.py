@@ -178,9 +178,9 @@ class LearnerConfig:
                                     "layout: 8 (configs/paper.yaml).")
     micro_batch_tokens: int = opt(0, "when > 0, replaces micro_batch_turns: each forward/backward pass takes the "
                                      "next length-sorted turns while rows x longest row stays within this many "
-                                     "tokens (a longer turn runs alone; verl's dynamic batch size, in padded tokens). Fewer, fuller "
-                                     "passes keep a GPU busy: Qwen3-1.7B on an H200 was launch-bound at 4 turns "
-                                     "(~4.5k tokens) a pass.")
+                                     "tokens (a longer turn runs alone; verl's dynamic batch size, in padded "
+                                     "tokens). Fewer, fuller passes keep a GPU busy: Qwen3-1.7B on an H200 was "
+                                     "launch-bound at 4 turns (~4.5k tokens) a pass.")
     clip_eps: float = opt(0.2, "epsilon of the clipped ratio, clip(rho, 1 - eps, 1 + eps) (Eq. J_ZipRL). Common "
                                "GRPO value: 0.2.")
     beta: float = opt(0.001, "weight of the KL penalty to the reference policy (k3 estimator, Eq. J_ZipRL); 0 skips "
@@ -338,8 +338,8 @@ class ZipRLConfig:
              "learner.max_grad_norm must be >= 0 (0 = no clipping) and learner.adv_eps > 0"),
             (min(lr.steps, lr.global_batch_questions, lr.micro_batch_turns) >= 1,
              "learner.steps, learner.global_batch_questions and learner.micro_batch_turns must be >= 1"),
-            (lr.micro_batch_tokens >= 0,
-             f"learner.micro_batch_tokens must be >= 0 (0 = micro_batch_turns turns a pass), got {lr.micro_batch_tokens}"),
+            (lr.micro_batch_tokens >= 0, f"learner.micro_batch_tokens must be >= 0 (0 = micro_batch_turns turns a "
+                                         f"pass), got {lr.micro_batch_tokens}"),
             (min(self.sft.epochs, self.sft.micro_batch) >= 1 and self.sft.max_seq_len >= 2,
              "sft.epochs and sft.micro_batch must be >= 1, sft.max_seq_len >= 2"),
             (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1 (a checkpoint every N learner steps), "

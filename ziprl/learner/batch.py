@@ -179,9 +179,9 @@ def micro_batch_bounds(lengths: Sequence[int], micro_batch_size: int, max_tokens
 
 
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int,
-                       share_prefix: bool = False, max_tokens: int = 0) -> list[MicroBatch]:
-    """Consecutive groups of rows (:func:`micro_batch_bounds`), each padded to its own longest row."""
-    bounds = micro_batch_bounds([len(r.input_ids) for r in rows], micro_batch_size, max_tokens)
+                       share_prefix: bool = False) -> list[MicroBatch]:
+    """Consecutive groups of ``micro_batch_size`` rows (:func:`micro_batch_bounds`), each padded to its longest."""
+    bounds = micro_batch_bounds([len(r.input_ids) for r in rows], micro_batch_size)
     return [collate(rows[s:e], pad_id, share_prefix) for s, e in bounds]
 
 

@@ -43,8 +43,8 @@ from ziprl.learner.batch import (
     MicroBatch,
     TurnRow,
     build_rows,
+    collate,
     computed_tokens,
-    make_micro_batches,
     micro_batch_bounds,
     response_logprobs,
     response_logprobs_and_entropy,
@@ -333,16 +333,17 @@ class Trainer:
         Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
         then rank r takes rows ``r::R``; a rank with fewer micro-batches than another runs zero-weight fillers.
         """
-        r, world, tokens = rank(), world_size(), self.cfg.learner.micro_batch_tokens
+        r, world = rank(), world_size()
         rows = sorted(rows, key=lambda row: len(row.input_ids))
-        batches = [(mb, True) for mb in make_micro_batches(rows[r::world], size, self.pad_id, self.share_prefix,
-                                                           tokens)]
+        lengths = [len(row.input_ids) for row in rows]
         # every rank plans every rank's share (each holds all rows), so all run the most micro-batches any rank has
-        most = max(len(micro_batch_bounds([len(x.input_ids) for x in rows[k::world]], size, tokens))
-                   for k in range(world))
-        missing = most - len(batches)
+        tokens = self.cfg.learner.micro_batch_tokens
+        plans = [micro_batch_bounds(lengths[k::world], size, tokens) for k in range(world)]
+        mine = rows[r::world]
+        batches = [(collate(mine[s:e], self.pad_id, self.share_prefix), True) for s, e in plans[r]]
+        missing = max(map(len, plans)) - len(batches)
         if missing:
-            filler = make_micro_batches([dataclasses.replace(rows[0], weight=0.0)], 1, self.pad_id)[0]
+            filler = collate([dataclasses.replace(rows[0], weight=0.0)], self.pad_id)
             batches += [(filler, False)] * missing
         for mb, real in batches:
             yield mb.to(self.device), real
