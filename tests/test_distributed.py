@@ -40,3 +40,15 @@ def test_a_launcher_port_is_kept():
     proc = run(code, MASTER_PORT=str(free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "group of 1" in proc.stdout
+
+
+def test_no_op_is_compiled_to_form_a_group(tmp_path):
+    """DeepSpeed compiled its shared-memory all-reduce op (used only by its inference all-reduce, never by ZipRL)
+    the first time any process formed a group: 35-100 s of g++ on two cores in every launch from an empty cache.
+    Forming a group now builds and loads nothing, whatever the build directory holds."""
+    code = ("from ziprl.learner.distributed import init_distributed\nds = init_distributed()\n"
+            "from deepspeed.comm import comm\nprint('shm op', comm.cdb.shm_comm_op)")
+    proc = run(code, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "shm op None" in proc.stdout and "built successfully" not in proc.stdout + proc.stderr
+    assert not any(tmp_path.iterdir())

@@ -221,3 +221,18 @@ def test_any_prompts_get_their_own_generation(tiny, prefix, own, new, stop):
         assert g.finish_reason == "length" or g.token_ids[-1] in tiny.eos_ids or any(s in g.text for s in stop)
         alone = tiny.generate([p], sampling)[0]
         assert alone.token_ids == g.token_ids and np.allclose(alone.logprobs, g.logprobs, atol=1e-2)
+
+
+def test_an_engine_left_to_interpreter_exit_closes_quietly(tiny_model_dir):
+    """An engine still referenced when the interpreter exits (a script's global) is not closed then, and its
+    ``__del__`` raises nothing, though its module's globals (``sys``) may be gone by then: here the script's alias
+    of the module is its last reference, and the module's dictionary is cleared before the engine is freed."""
+    import subprocess
+    import sys
+
+    script = ("from ziprl.policy.llamacpp_engine import LlamaCppEngine\n"
+              "import ziprl.policy.llamacpp_engine as module\n"
+              f"engine = LlamaCppEngine({str(tiny_model_dir)!r}, dtype='float32', threads=1)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr

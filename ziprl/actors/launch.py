@@ -67,11 +67,13 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
         cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
         group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+        building = group.start("build_trainer", str(model))  # the ranks load the model while the retriever deploys
+        retriever = deploy_retriever(retriever_config_for(cfg), cfg.ray)
         # the engines generate in the learner's dtype when model.dtype=auto (every rank decides alike: same hardware)
-        dtype = group.call("build_trainer", str(model))
+        dtype = ray.get(building)[0]
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
         print(f"[launch] the rollout engines generate in {dtype}", flush=True)
-        actors = start_rollout_actors(cfg, model, deploy_retriever(retriever_config_for(cfg), cfg.ray))
+        actors = start_rollout_actors(cfg, model, retriever)
         push = make_weight_sync(cfg, group, actors)
         source = RaySource(cfg, actors, push)
         metrics = train_loop(cfg, RayLearner(group), source, push, QuestionStream(examples, cfg.data.seed), logger,

@@ -135,10 +135,13 @@ class LearnerGroup:
         addr = "127.0.0.1" if loopback else ips[0]
         ray.get([a.join.remote(r, ranks, addr, port) for r, a in enumerate(self.actors)])
 
+    def start(self, method: str, *args: Any) -> list[ray.ObjectRef]:
+        """Start ``method(*args)`` on every rank at once; returns each rank's result reference."""
+        return [getattr(a, method).remote(*args) for a in self.actors]
+
     def call(self, method: str, *args: Any) -> Any:
         """Run ``method(*args)`` on every rank at once; returns rank 0's result."""
-        refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return ray.get(refs)[0]
+        return ray.get(self.start(method, *args))[0]
 
     def shutdown(self) -> None:
         """Kill the ranks and free their resources."""

@@ -1,4 +1,4 @@
-"""DeepSpeed bootstrap: the rendezvous environment, the accelerator, and a persistent build cache.
+"""DeepSpeed bootstrap: the rendezvous environment, the accelerator, no op compiled, and where a build would go.
 
 A single process (a test, the SFT command) needs no launcher: the torch.distributed variables default to a
 one-rank group on ``127.0.0.1`` and a free port; set ones are kept (``deepspeed``/``torchrun`` launchers,
@@ -6,12 +6,13 @@ and the Ray learner ranks, which ``ziprl.actors.learner_actor`` points at rank 0
 environment once the group has formed, so a process started later from this one forms its own group. The backend
 is gloo on CPU and nccl on GPU.
 
-Build cache: on the CPU accelerator ``deepspeed.init_distributed`` JIT-compiles one C++ op
-(``deepspeed_shm_comm``, ~100 s on two cores) with torch's cpp_extension. It is compiled once into
-``TORCH_EXTENSIONS_DIR``, which defaults here to ``<ZipRL cache>/torch_extensions`` (``$ZIPRL_CACHE`` or
-``~/.cache/ziprl``), and every later run loads it in well under a second. No CUDA op is ever built: the
-trainer uses torch's AdamW, not DeepSpeed's FusedAdam, and ``DS_ACCELERATOR`` is pinned to the configured
-device (``model.device``; auto = CUDA when torch sees it), so DeepSpeed neither probes nor compiles for others.
+No op is compiled: DeepSpeed builds its shared-memory all-reduce op (``deepspeed_shm_comm``) whenever a process forms
+a group on a machine that can, ~35-100 s of g++ on two cores in every launch from an empty cache, and only its
+inference all-reduce (AutoTP) uses it, which ZipRL never calls; :func:`import_deepspeed` marks it unavailable. Nor
+is a CUDA op built: the trainer uses torch's AdamW, not DeepSpeed's FusedAdam, and ``DS_ACCELERATOR`` is pinned to
+the configured device (``model.device``; auto = CUDA when torch sees it), so DeepSpeed neither probes nor compiles
+for others. Should a DeepSpeed feature JIT-build an op, it goes to ``TORCH_EXTENSIONS_DIR``, which defaults here to
+``<ZipRL cache>/torch_extensions`` (``$ZIPRL_CACHE`` or ``~/.cache/ziprl``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def import_deepspeed(model_cfg: ModelConfig | None = None) -> Any:
         import deepspeed
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from None
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # the op nothing here calls: never built
     return deepspeed
 
 

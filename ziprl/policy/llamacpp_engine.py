@@ -119,8 +119,9 @@ class LlamaCppEngine(GenerationEngine):
             self._model = None
         self.__dict__.pop("weights", None)
 
-    def __del__(self) -> None:
-        if not sys.is_finalizing():  # at exit the bindings may be gone before the engine
+    def __del__(self, finalizing: Any = sys.is_finalizing) -> None:
+        # at exit the bindings may be gone before the engine, and so may this module's globals (``sys``)
+        if not finalizing():
             self.close()
 
     def _context(self, n_ctx: int, n_seq: int) -> None:
