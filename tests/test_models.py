@@ -134,3 +134,34 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         convert_default_model(tmp_path)
     assert [p.suffix for p in (tmp_path / "models").iterdir()] == [".lock"]
+
+
+@pytest.mark.slow
+def test_conversion_parses_the_gguf_once_and_writes_the_same_checkpoint(default_path, tmp_path, monkeypatch):
+    """transformers parsed the GGUF three times (tokenizer, config, weights: ~4 s each for the 49k-token vocabulary,
+    on two cores) and rebuilt gguf's tensor-name map for each of ~400 modules: one reader and one map now, with the
+    checkpoint unchanged byte for byte, and the gguf package as it was afterwards."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    made, maps = [], []
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    class CountingReader(reader_cls):
+        def __init__(self, *args, **kwargs):
+            made.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    def counting_map(*args):
+        maps.append(args)
+        return name_map(*args)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    fresh = convert_default_model(tmp_path)
+    assert len(made) == 1 and len(maps) == 1
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is counting_map
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (fresh / name).read_bytes() == (default_path / name).read_bytes(), name
+    new, old = load_file(fresh / "model.safetensors"), load_file(default_path / "model.safetensors")
+    assert new.keys() == old.keys() and all(np.array_equal(new[k], old[k]) for k in old)

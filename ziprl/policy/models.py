@@ -13,7 +13,9 @@ import hashlib
 import importlib.util
 import json
 import struct
-from functools import lru_cache
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -166,12 +168,36 @@ def load_gguf_model(gguf: Path | None = None) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While it lasts, the gguf package gives one reader per file and one tensor-name map per architecture and depth:
+    transformers parses a GGUF file three times to load it (tokenizer, config, weights: ~4 s each for a 49k-token
+    vocabulary on two cores) and builds the same name map for every module of the model (~400 times, 16 ms each)."""
+    import gguf
+
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
 def _dequantized_from_gguf(gguf: Path) -> tuple[Any, Any]:
     """A plain (unflagged) float32 model with the GGUF weights, plus its tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    gguf_model, tokenizer = load_gguf_model(gguf)
+    with _gguf_parsed_once():
+        gguf_model, tokenizer = load_gguf_model(gguf)
     config_dict = gguf_model.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         config_dict.pop(key, None)
