@@ -176,15 +176,7 @@ def _gguf_parsed_once() -> Iterator[None]:
     import gguf
 
     reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
-
-    def reader(path: Any, mode: str = "r") -> Any:
-        key = (str(path), mode)
-        if key not in readers:
-            readers[key] = reader_cls(path, mode)
-        return readers[key]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, cache(name_map)
+    gguf.GGUFReader, gguf.get_tensor_name_map = cache(reader_cls), cache(name_map)
     try:
         yield
     finally:
