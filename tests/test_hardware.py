@@ -66,6 +66,23 @@ def test_the_learners_gemm_peak_is_measured_every_tenth_step(monkeypatch):
     assert [peak() for _ in range(25)] == [1.0] * 10 + [2.0] * 10 + [3.0] * 5
 
 
+def test_the_learners_gemm_peak_follows_the_cpu_thread_count(monkeypatch):
+    """A learner given the idle rollout cores for a step runs it on more threads: its MFU compares with the peak
+    of that many threads, kept apart from the other count's."""
+    from ziprl.learner import hardware
+
+    monkeypatch.setattr(hardware, "gemm_peak_flops", lambda dtype, device: float(torch.get_num_threads()))
+    peak, before = GemmPeak(torch.float32, "cpu", every=10), torch.get_num_threads()
+    try:
+        seen = []
+        for threads in (1, 2, 1, 2):
+            torch.set_num_threads(threads)
+            seen.append(peak())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1.0, 2.0, 1.0, 2.0]
+
+
 def test_the_device_clock_waits_for_queued_cuda_work(monkeypatch):
     """CUDA runs kernels asynchronously: the clock synchronises the learner's device before it reads the time (on
     an H100 the unsynchronised split billed Qwen3-0.6B's forward to its backward: 0.86 s vs 3.57 s)."""

@@ -77,3 +77,37 @@ def test_a_learner_rank_sends_its_compute_dtype_under_auto_engine_dtype(tiny_mod
     assert worker.cfg.model.dtype == "auto"
     assert worker.build_trainer(str(tiny_model_dir)) == wire
     assert {dtype for _, dtype, _ in worker.weight_metas()} == {wire}
+
+
+def test_a_step_no_rollout_runs_beside_takes_the_idle_cores_for_that_step_only(cluster, tiny_model_dir):
+    """The launch's learner rank keeps one thread while rollout actors share its cores; a step during which no
+    rollout runs (the run's last, every step on-policy) gets the local cluster's idle cores, then gives them back."""
+    import torch
+
+    from ziprl.actors.driver import RayLearner
+    from ziprl.actors.learner_actor import LearnerWorker
+
+    trajs = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1, logprob_noise=0.3)
+    before = torch.get_num_threads()
+    try:
+        worker = LearnerWorker(make_cfg().to_dict(), num_threads=1)
+        worker.build_trainer(str(tiny_model_dir))
+        assert worker.train_step([to_table(trajs)], threads=2)["cpu_threads"] == 2.0
+        assert torch.get_num_threads() == 1
+        assert worker.train_step([to_table(trajs)])["cpu_threads"] == 1.0
+    finally:
+        torch.set_num_threads(before)
+
+    class Group:  # the ranks' calls, recorded
+        def __init__(self):
+            self.calls = []
+
+        def call(self, method, *args):
+            self.calls.append((method, args[1:]))
+            return 0 if method == "version" else {"policy_version": len(self.calls)}
+
+    group = Group()
+    learner = RayLearner(group, idle_threads=2)
+    learner.train_step(trajs, rollouts_idle=False)
+    learner.train_step(trajs, rollouts_idle=True)
+    assert [args for method, args in group.calls if method == "train_step"] == [(None,), (2,)]

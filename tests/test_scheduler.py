@@ -63,10 +63,11 @@ class SimulatedSource:
         return out
 
 
-def _run(workers, batch, group_size, staleness, per_call, death_p, seed, steps=4):
+def _run(workers, batch, group_size, staleness, per_call, death_p, seed, steps=4, bounded=False):
     source = SimulatedSource(workers, per_call, group_size, random.Random(seed), death_p)
     sched = RolloutScheduler(source, QuestionStream(QUESTIONS, seed), batch, staleness, seed=seed,
-                             max_job_failures=10**6)  # random deaths may hit one job many times in a row
+                             max_job_failures=10**6,  # random deaths may hit one job many times in a row
+                             steps=steps if bounded else None)
     trained: list[str] = []
     for step in range(1, steps + 1):
         groups = sched.next_batch()
@@ -100,11 +101,39 @@ def test_every_step_completes_and_no_group_is_lost_or_stale(workers, batch, grou
     assert sched.capacity() >= 0
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workers=st.integers(1, 64), batch=st.integers(1, 128), group_size=st.integers(1, 16),
+       staleness=st.integers(0, 3), per_call=st.integers(1, 8), death_p=st.sampled_from([0.0, 0.05, 0.3]),
+       seed=st.integers(0, 2**16), steps=st.integers(1, 5))
+@example(workers=2, batch=1, group_size=2, staleness=1, per_call=1, death_p=0.0, seed=0, steps=2)  # the default launch
+def test_a_run_of_known_length_generates_only_groups_it_trains(workers, batch, group_size, staleness, per_call,
+                                                              death_p, seed, steps):
+    # the run's last max_staleness batches used to be generated and thrown away, on cores the learner shares
+    source, sched, trained = _run(workers, batch, group_size, staleness, per_call, death_p, seed, steps, bounded=True)
+    assert sched.running == 0 and sched.buffered == 0 and not source.jobs
+    assert sorted(source.generated) == sorted(trained) and len(trained) == steps * batch
+    assert sched.counters["groups_dropped_stale"] == 0
+
+
+def test_a_resumed_run_of_known_length_generates_only_the_steps_left():
+    source, sched, _ = _run(workers=3, batch=2, group_size=2, staleness=1, per_call=2, death_p=0.0, seed=4, steps=2)
+    resumed_source = SimulatedSource(3, 2, 2, random.Random(5), 0.0)
+    resumed_source.version = 2
+    resumed = RolloutScheduler(resumed_source, QuestionStream(QUESTIONS, 4), 2, 1, seed=4, version=2, steps=3)
+    resumed.restore(sched.position)  # the first run's jobs under way: more than one step's worth
+    resumed.next_batch()
+    resumed_source.version = 3
+    resumed.advance(3)
+    assert resumed.running == 0 and resumed.buffered == 0 and not resumed_source.jobs
+    assert len(resumed_source.generated) == 2
+
+
 def test_capacity_formula_and_lag():
     # AReaL: (max_staleness + version + 1) * batch - (accepted + running)
     assert capacity(1, 0, 64, 0, 0) == 128
     assert capacity(1, 3, 64, 280, 40) == 0 and capacity(1, 3, 64, 200, 40) == 80
     assert capacity(0, 2, 4, 12, 0) == 0
+    assert capacity(1, 0, 64, 0, 0, steps=1) == 64 and capacity(1, 3, 64, 200, 40, steps=4) == 16
     assert lag(3, 5) == 2 and is_fresh(3, 5, 2) and not is_fresh(3, 5, 1)
     assert is_fresh(5, 5, 0) and not is_fresh(4, 5, 0) and is_fresh(0, 5, 10)
     with pytest.raises(ValueError, match="newer than the learner"):

@@ -57,10 +57,11 @@ class RecordingPush:
 
 class CountingLearner:
     def __init__(self, version=0):
-        self.version, self.trained = version, []
+        self.version, self.trained, self.idle = version, [], []
 
-    def train_step(self, trajectories):
+    def train_step(self, trajectories, rollouts_idle=False):
         self.trained.append({t.policy_version for t in trajectories})
+        self.idle.append(rollouts_idle)
         self.version += 1
         return {"loss": 0.0}
 
@@ -86,6 +87,7 @@ def test_the_loop_pushes_every_new_version_and_trains_on_it(tmp_path):
     metrics = train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), logger, progress=False)
     assert push.pushed == [1, 2, 3]
     assert learner.trained == [{0}, {1}, {2}]  # on-policy: every step trains the version pushed before it
+    assert learner.idle == [True, True, True]  # on-policy: no rollout runs while the learner trains
     assert [s for s, _ in logger.steps] == [1, 2, 3]
     assert metrics["perf/weight_push_bytes"] == 8.0 and metrics["system/staleness"] == 0.0
 
@@ -95,6 +97,16 @@ def test_a_resumed_learner_pushes_its_version_before_the_first_job(tmp_path):
     push, learner = RecordingPush(), CountingLearner(version=2)
     train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), Logger(), progress=False)
     assert push.pushed == [2, 3] and learner.trained == [{2}]
+
+
+def test_the_learner_is_told_when_no_rollout_runs_during_its_step(tmp_path):
+    """With max_staleness 1 the next batch generates during step 1; during the run's last step nothing does (no group
+    past the run's end is started), so a learner sharing cores with the rollout workers may use theirs."""
+    cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=2", "learner.global_batch_questions=2",
+                             "ray.max_staleness=1"])
+    push, learner = RecordingPush(), CountingLearner()
+    train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), Logger(), progress=False)
+    assert learner.idle == [False, True]
 
 
 def test_in_process_push_loads_the_learner_weights_into_the_engine():

@@ -60,16 +60,17 @@ def check_gpus(cfg: ZipRLConfig) -> None:
 class RayLearner:
     """The learner ranks (:class:`LearnerGroup`) behind the loop's learner interface; rank 0 answers."""
 
-    def __init__(self, group: LearnerGroup):
-        self.group = group
+    def __init__(self, group: LearnerGroup, idle_threads: int | None = None):
+        self.group, self.idle_threads = group, idle_threads  # a rank's torch threads in a step no rollout runs
         self._version = group.call("version")
 
     @property
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        learn = self.group.call("train_step", ray.put([to_table(trajectories)]))  # one copy for all ranks
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
+        learn = self.group.call("train_step", ray.put([to_table(trajectories)]),  # one copy for all ranks
+                                self.idle_threads if rollouts_idle else None)
         self._version = int(learn["policy_version"])
         return learn
 

@@ -43,14 +43,18 @@ def run_stage1(cfg: ZipRLConfig) -> Path:
     path, counts = build_demos(cfg1)
     print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
           f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
-    cpus = cfg.ray.learner_cpus
-    if cfg.ray.address is None:  # a local cluster runs nothing else during Stage 1: give SFT every core
-        cpus = max(cpus, ray.cluster_resources().get("CPU", 1.0) / cfg.ray.learner_ranks)
+    cpus = max(cfg.ray.learner_cpus, local_core_share(cfg) or 0.0)  # nothing else runs during Stage 1
     group = LearnerGroup(cfg1, cfg.ray.learner_ranks, cpus, cfg.ray.learner_gpus)
     try:
         return Path(group.call("sft", str(path), str(root)))
     finally:
         group.shutdown()
+
+
+def local_core_share(cfg: ZipRLConfig) -> float | None:
+    """A learner rank's share of every core of a local cluster, for when nothing else computes (Stage 1, a Stage-2
+    step no rollout runs beside); None on a joined cluster, whose nodes others may share."""
+    return ray.cluster_resources().get("CPU", 1.0) / cfg.ray.learner_ranks if cfg.ray.address is None else None
 
 
 def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
@@ -76,8 +80,10 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         actors = start_rollout_actors(cfg, model, retriever)
         push = make_weight_sync(cfg, group, actors)
         source = RaySource(cfg, actors, push)
-        metrics = train_loop(cfg, RayLearner(group), source, push, QuestionStream(examples, cfg.data.seed), logger,
-                             progress)
+        share = local_core_share(cfg)
+        idle_threads = max(1, int(share)) if share and not cfg.ray.learner_gpus else None
+        learner = RayLearner(group, idle_threads)
+        metrics = train_loop(cfg, learner, source, push, QuestionStream(examples, cfg.data.seed), logger, progress)
         print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)
         return metrics
     finally:

@@ -73,12 +73,21 @@ class LearnerWorker(SendsWeights):
     def version(self) -> int:
         return self.trainer.policy_version
 
-    def train_step(self, tables: list[pa.Table]) -> dict[str, float]:
-        """One optimiser step of GRPO + HRR over the given groups of trajectories (+ this rank's peak RSS)."""
+    def train_step(self, tables: list[pa.Table], threads: int | None = None) -> dict[str, float]:
+        """One optimiser step of GRPO + HRR over the given groups of trajectories, on ``threads`` torch threads for
+        this step only (None: as set); + this rank's peak RSS and the threads it ran on."""
+        import torch
+
         from ziprl.loop.source import peak_rss_mb
 
-        stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
-        return {**stats, "rss_peak_mb": peak_rss_mb()}
+        base = torch.get_num_threads()
+        torch.set_num_threads(threads or base)
+        try:
+            ran_on = torch.get_num_threads()
+            stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
+        finally:
+            torch.set_num_threads(base)
+        return {**stats, "cpu_threads": float(ran_on), "rss_peak_mb": peak_rss_mb()}
 
     def weight_source(self) -> WeightSource:
         """The policy's parameters for :class:`~ziprl.actors.weight_sync.SendsWeights` (ZeRO-3: gathered per bucket)."""

@@ -71,17 +71,20 @@ def gemm_peak_flops(dtype: torch.dtype, device: str, n: int | None = None, reps:
 
 class GemmPeak:
     """:func:`gemm_peak_flops` of one dtype on one device, measured on the first call and every ``every``-th after
-    (a measurement took 0.37 s of a 4.8 s learner step: bf16, one CPU thread, benchmarks/vs_trl.py's step)."""
+    (a measurement took 0.37 s of a 4.8 s learner step: bf16, one CPU thread, benchmarks/vs_trl.py's step), per
+    CPU thread count (a learner runs a step no rollout shares on more threads)."""
 
     def __init__(self, dtype: torch.dtype, device: str, every: int = 10) -> None:
         self.dtype, self.device, self.every = dtype, device, every
-        self.calls, self.value = 0, 0.0
+        self.calls: dict[int, int] = {}
+        self.values: dict[int, float] = {}
 
     def __call__(self) -> float:
-        if self.calls % self.every == 0:
-            self.value = gemm_peak_flops(self.dtype, self.device)
-        self.calls += 1
-        return self.value
+        key = torch.get_num_threads() if self.device == "cpu" else 0
+        if self.calls.get(key, 0) % self.every == 0:
+            self.values[key] = gemm_peak_flops(self.dtype, self.device)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        return self.values[key]
 
 
 def model_flop_utilisation(num_params: int, tokens: float, seconds: float, peak_flops: float) -> float:

@@ -8,14 +8,17 @@ policy from version v to v + 1. A group generated with weights of version u and 
 from __future__ import annotations
 
 
-def capacity(max_staleness: int, version: int, batch: int, accepted: int, running: int) -> int:
+def capacity(max_staleness: int, version: int, batch: int, accepted: int, running: int,
+             steps: int | None = None) -> int:
     """How many more groups may start now: ``(max_staleness + version + 1) * batch - (accepted + running)``.
 
     AReaL's staleness manager: ``accepted`` counts the groups that finished and were kept (trained or waiting to
     be), ``running`` the groups being generated. Bounding every group started at version <= u by
     ``(max_staleness + u + 1) * batch`` means that, trained oldest version first, none is ever too stale.
+    A run of ``steps`` learner steps also never starts more than the ``steps * batch`` groups it will train.
     """
-    return (max_staleness + version + 1) * batch - (accepted + running)
+    versions = max_staleness + version + 1
+    return (versions if steps is None else min(versions, steps)) * batch - (accepted + running)
 
 
 def lag(group_version: int, learner_version: int) -> int:

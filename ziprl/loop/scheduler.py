@@ -5,7 +5,7 @@ The scheduler knows nothing of Ray or torch: a :class:`~ziprl.loop.source.Rollou
 
 - Admission (:func:`~ziprl.loop.capacity.capacity`): an idle worker gets a job of up to
   ``source.questions_per_call`` questions while fewer than ``(max_staleness + version + 1) * batch`` groups have
-  been started and kept. A job is tagged with the learner version at submission; the source guarantees its
+  been started and kept, and, in a run of ``steps`` learner steps, fewer than the ``steps * batch`` it trains. A job is tagged with the learner version at submission; the source guarantees its
   groups are generated with weights at least that new (weights are pushed before the next submission).
 - Consumption, oldest version first: a batch takes finished groups in version order and never takes a group
   while a running job might still return an older one, so groups are trained in version order. With the
@@ -50,13 +50,13 @@ class RolloutScheduler:
     """Dispatch, collect and batch groups for the learner (see the module docstring for the rules)."""
 
     def __init__(self, source: RolloutSource, stream: QuestionStream, batch: int, max_staleness: int,
-                 seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES):
+                 seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES, steps: int | None = None):
         if batch < 1 or max_staleness < 0 or source.num_workers < 1 or source.questions_per_call < 1:
             raise ValueError(f"need batch >= 1, max_staleness >= 0 and at least one worker taking >= 1 question "
                              f"(batch={batch}, max_staleness={max_staleness}, workers={source.num_workers}, "
                              f"questions_per_call={source.questions_per_call})")
         self.source, self.stream, self.batch, self.max_staleness = source, stream, batch, max_staleness
-        self.seed, self.version, self.max_job_failures = seed, version, max_job_failures
+        self.seed, self.version, self.max_job_failures, self.steps = seed, version, max_job_failures, steps
         self._base = version * batch  # groups trained before this run started (resume)
         self._jobs: dict[int, _Job] = {}
         self._tickets = 0
@@ -86,7 +86,7 @@ class RolloutScheduler:
 
     def capacity(self) -> int:
         accepted = self._base + self.counters["groups_trained"] + len(self._buffer)
-        return capacity(self.max_staleness, self.version, self.batch, accepted, self.running)
+        return capacity(self.max_staleness, self.version, self.batch, accepted, self.running, self.steps)
 
     @property
     def position(self) -> dict[str, Any]:

@@ -33,7 +33,10 @@ class Learner(Protocol):
     @property
     def version(self) -> int: ...
 
-    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]: ...
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
+        """One optimiser step; ``rollouts_idle``: no rollout runs during it (a learner sharing cores with the
+        rollout workers may use theirs)."""
+        ...
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str: ...
 
@@ -50,7 +53,8 @@ class LocalLearner:
     def version(self) -> int:
         return self.trainer.policy_version
 
-    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
+        # generation runs in this process too, never beside the step: its threads are already the process's
         return {**self.trainer.train_step(trajectories), "rss_peak_mb": peak_rss_mb()}
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str:
@@ -91,7 +95,7 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     if version:  # resumed: the workers start from the checkpoint's weights
         push.push(version)
     sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
-                             seed=cfg.learner.seed, version=version)
+                             seed=cfg.learner.seed, version=version, steps=cfg.learner.steps)
     if position is not None:
         sched.restore(position)
         print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
@@ -115,7 +119,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         lags = sched.lags(groups)
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        learn = learner.train_step(trajs)
+        learn = learner.train_step(trajs, rollouts_idle=sched.running == 0)  # no job starts before advance
         t1 = time.perf_counter()
         version = learner.version
         pushed = push.push(version)
