@@ -15,7 +15,7 @@ from tests.test_hf_engine import _teacher_forced_logprobs
 from tests.test_trainer import requires_deepspeed
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine
-from ziprl.policy.gguf_export import UnsupportedModel, rope_permute, tensor_name
+from ziprl.policy.gguf_export import MappedWeights, UnsupportedModel, rope_permute, tensor_name, write_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from ziprl.policy.llamacpp_engine import LlamaCppEngine  # noqa: E402
@@ -54,6 +54,24 @@ def test_tensor_names_and_rope_layout():
     # one head of 4 rows [a0 a1 b0 b1] (rotate-half: pairs (a_i, b_i)) becomes llama.cpp's interleaved [a0 b0 a1 b1]
     w = torch.arange(8.0).reshape(4, 2)
     assert rope_permute(w, 1)[:, 0].tolist() == [0.0, 4.0, 2.0, 6.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_an_in_place_write_leaves_the_file_a_fresh_export_of_the_new_weights(tiny_model_dir, tmp_path, dtype):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    weights = load_file(str(tiny_model_dir / "model.safetensors"))
+    write_gguf(tmp_path / "mapped.gguf", config, weights, dtype)
+    mapped = MappedWeights(tmp_path / "mapped.gguf", config, dtype)
+    g = torch.Generator().manual_seed(0)
+    new = {n: torch.randn(v.shape, generator=g) for n, v in weights.items()}
+    # as pushed: float32 numpy arrays (the object store), bf16 tensors (an in-process bf16 learner)
+    mapped.write({n: v.numpy() if i % 2 else v.to(torch.bfloat16) for i, (n, v) in enumerate(new.items())})
+    expected = {n: v if i % 2 else v.to(torch.bfloat16) for i, (n, v) in enumerate(new.items())}
+    write_gguf(tmp_path / "fresh.gguf", config, expected, dtype)
+    assert (tmp_path / "mapped.gguf").read_bytes() == (tmp_path / "fresh.gguf").read_bytes()
 
 
 def test_float32_engine_computes_hf_float32s_model(engine, hf, prompts):

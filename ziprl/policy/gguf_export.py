@@ -152,6 +152,15 @@ class MappedWeights:
         return targets
 
     def write(self, weights: dict[str, Any]) -> None:
-        """Overwrite the file's tensors with ``weights`` (all checked before any is written)."""
+        """Overwrite the file's tensors with ``weights`` (all checked before any is written): each value converted
+        straight into the mapped bytes (one pass, torch's threads), as :func:`gguf_array` lays it out."""
         for name, target in self.targets(weights).items():
-            target[...] = gguf_array(name, weights[name], self.config, self.dtype)
+            dst = torch.from_numpy(target.view(np.int16)).view(torch.bfloat16) if target.dtype == np.uint16 \
+                else torch.from_numpy(target)
+            src = torch.as_tensor(weights[name])
+            heads = {"q_proj": self.config.num_attention_heads, "k_proj": self.config.num_key_value_heads}.get(
+                name.rsplit(".", 2)[-2])
+            if heads:  # rope_permute, written through a view of the destination instead of a reordered copy
+                dst = dst.view(heads, dst.shape[0] // heads // 2, 2, -1)
+                src = src.reshape(heads, 2, dst.shape[1], -1).transpose(1, 2)
+            dst.copy_(src)
