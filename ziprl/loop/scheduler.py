@@ -5,8 +5,9 @@ The scheduler knows nothing of Ray or torch: a :class:`~ziprl.loop.source.Rollou
 
 - Admission (:func:`~ziprl.loop.capacity.capacity`): an idle worker gets a job of up to
   ``source.questions_per_call`` questions while fewer than ``(max_staleness + version + 1) * batch`` groups have
-  been started and kept, and, in a run of ``steps`` learner steps, fewer than the ``steps * batch`` it trains. A job is tagged with the learner version at submission; the source guarantees its
-  groups are generated with weights at least that new (weights are pushed before the next submission).
+  been started and kept, and, in a run of ``steps`` learner steps, fewer than the ``steps * batch`` it trains. A
+  job is tagged with the learner version at submission; the source guarantees its groups are generated with
+  weights at least that new (weights are pushed before the next submission).
 - Consumption, oldest version first: a batch takes finished groups in version order and never takes a group
   while a running job might still return an older one, so groups are trained in version order. With the
   admission bound, no group is ever too stale: if a group of version u were trained at step s > u + S + 1
@@ -50,7 +51,8 @@ class RolloutScheduler:
     """Dispatch, collect and batch groups for the learner (see the module docstring for the rules)."""
 
     def __init__(self, source: RolloutSource, stream: QuestionStream, batch: int, max_staleness: int,
-                 seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES, steps: int | None = None):
+                 seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES,
+                 steps: int | None = None):
         if batch < 1 or max_staleness < 0 or source.num_workers < 1 or source.questions_per_call < 1:
             raise ValueError(f"need batch >= 1, max_staleness >= 0 and at least one worker taking >= 1 question "
                              f"(batch={batch}, max_staleness={max_staleness}, workers={source.num_workers}, "
