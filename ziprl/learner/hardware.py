@@ -81,9 +81,10 @@ class GemmPeak:
 
     def __call__(self) -> float:
         key = torch.get_num_threads() if self.device == "cpu" else 0
-        if self.calls.get(key, 0) % self.every == 0:
+        calls = self.calls.get(key, 0)
+        if calls % self.every == 0:
             self.values[key] = gemm_peak_flops(self.dtype, self.device)
-        self.calls[key] = self.calls.get(key, 0) + 1
+        self.calls[key] = calls + 1
         return self.values[key]
 
 

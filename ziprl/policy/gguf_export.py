@@ -67,20 +67,28 @@ def rope_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_array(hf_name: str, value: Any, config: Any, dtype: str) -> np.ndarray:
-    """The bytes llama.cpp reads for one HF parameter: renamed layout, ``dtype`` for matrices, float32 for norms.
-
-    bfloat16 is returned as its raw uint16 bits (numpy has no bfloat16)."""
+def _convert_into(out: np.ndarray, hf_name: str, value: Any, config: Any) -> None:
+    """Write one HF parameter into ``out`` as llama.cpp reads it: q/k rows in its RoPE layout, ``out``'s dtype
+    (uint16 = bfloat16 bits), converted by torch in one pass."""
     t = torch.as_tensor(value)
     if hf_name.endswith("q_proj.weight"):
         t = rope_permute(t, config.num_attention_heads)
     elif hf_name.endswith("k_proj.weight"):
         t = rope_permute(t, config.num_key_value_heads)
-    if t.dim() == 1 or dtype == "float32":
-        return t.to(torch.float32).contiguous().numpy()
-    if dtype == "bfloat16":
-        return t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
-    return t.to(torch.float16).contiguous().numpy()
+    bf16 = out.dtype == np.uint16
+    dst = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(out)
+    dst.copy_(t)
+
+
+def gguf_array(hf_name: str, value: Any, config: Any, dtype: str) -> np.ndarray:
+    """The bytes llama.cpp reads for one HF parameter: renamed layout, ``dtype`` for matrices, float32 for norms.
+
+    bfloat16 is returned as its raw uint16 bits (numpy has no bfloat16)."""
+    shape = tuple(np.shape(value))
+    matrix = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}[dtype]
+    out = np.empty(shape, np.float32 if len(shape) == 1 else matrix)
+    _convert_into(out, hf_name, value, config)
+    return out
 
 
 def write_gguf(path: Path, config: Any, weights: dict[str, Any], dtype: str) -> None:
@@ -152,15 +160,7 @@ class MappedWeights:
         return targets
 
     def write(self, weights: dict[str, Any]) -> None:
-        """Overwrite the file's tensors with ``weights`` (all checked before any is written): each value converted
-        straight into the mapped bytes (one pass, torch's threads), as :func:`gguf_array` lays it out."""
+        """Overwrite the file's tensors with ``weights`` (all checked before any is written), each converted straight
+        into the mapped bytes."""
         for name, target in self.targets(weights).items():
-            dst = torch.from_numpy(target.view(np.int16)).view(torch.bfloat16) if target.dtype == np.uint16 \
-                else torch.from_numpy(target)
-            src = torch.as_tensor(weights[name])
-            heads = {"q_proj": self.config.num_attention_heads, "k_proj": self.config.num_key_value_heads}.get(
-                name.rsplit(".", 2)[-2])
-            if heads:  # rope_permute, written through a view of the destination instead of a reordered copy
-                dst = dst.view(heads, dst.shape[0] // heads // 2, 2, -1)
-                src = src.reshape(heads, 2, dst.shape[1], -1).transpose(1, 2)
-            dst.copy_(src)
+            _convert_into(target, name, weights[name], self.config)
