@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import ray
 
 from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
-from ziprl.actors.driver import check_gpus
+from ziprl.actors.driver import RefsFinished, check_gpus
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.weight_buckets import unpack
 from ziprl.config import ConfigError, load_config
@@ -79,22 +80,37 @@ def test_a_learner_rank_sends_its_compute_dtype_under_auto_engine_dtype(tiny_mod
     assert {dtype for _, dtype, _ in worker.weight_metas()} == {wire}
 
 
-def test_a_step_no_rollout_runs_beside_takes_the_idle_cores_for_that_step_only(cluster, tiny_model_dir):
-    """The launch's learner rank keeps one thread while rollout actors share its cores; a step during which no
-    rollout runs (the run's last, every step on-policy) gets the local cluster's idle cores, then gives them back."""
+def test_a_step_takes_the_idle_cores_once_the_rollouts_finish_then_gives_them_back(cluster, tiny_model_dir):
+    """The launch's learner rank keeps one thread while rollout actors share its cores; once no rollout runs (checked
+    before every forward and every backward), the rest of its step runs on the local cluster's idle cores, which it gives
+    back afterwards."""
     import torch
 
     from ziprl.actors.driver import RayLearner
     from ziprl.actors.learner_actor import LearnerWorker
 
-    trajs = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1, logprob_noise=0.3)
+    trajs = make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2, logprob_noise=0.3)
+    table = to_table(trajs)
     before = torch.get_num_threads()
     try:
-        worker = LearnerWorker(make_cfg().to_dict(), num_threads=1)
+        worker = LearnerWorker(make_cfg(micro_batch_turns=1).to_dict(), num_threads=1)
         worker.build_trainer(str(tiny_model_dir))
-        assert worker.train_step([to_table(trajs)], threads=2)["cpu_threads"] == 2.0
-        assert torch.get_num_threads() == 1
-        assert worker.train_step([to_table(trajs)])["cpu_threads"] == 1.0
+        polled = []
+
+        def rollouts_idle():  # the last rollout finishes during the second pass's forward
+            polled.append(torch.get_num_threads())
+            return len(polled) == 4
+
+        stats = worker.train_step([table], idle=(2, rollouts_idle))
+        phases = 2 * stats["passes"]  # a forward and a backward each
+        assert phases >= 8
+        assert polled == [1, 1, 1, 1]  # polled on one thread until it turned true, then never again
+        assert stats["cpu_threads"] == 2.0 and stats["idle_core_phases"] == phases - 3  # from that backward on
+        assert torch.get_num_threads() == 1  # given back
+        assert worker.train_step([table], idle=(2, lambda: True))["idle_core_phases"] == phases
+        busy = worker.train_step([table], idle=(2, lambda: False))
+        assert busy["cpu_threads"] == 1.0 and busy["idle_core_phases"] == 0.0
+        assert worker.train_step([table])["cpu_threads"] == 1.0
     finally:
         torch.set_num_threads(before)
 
@@ -106,8 +122,29 @@ def test_a_step_no_rollout_runs_beside_takes_the_idle_cores_for_that_step_only(c
             self.calls.append((method, args[1:]))
             return 0 if method == "version" else {"policy_version": len(self.calls)}
 
-    group = Group()
-    learner = RayLearner(group, idle_threads=2)
-    learner.train_step(trajs, rollouts_idle=False)
-    learner.train_step(trajs, rollouts_idle=True)
-    assert [args for method, args in group.calls if method == "train_step"] == [(None,), (2,)]
+    probe = RefsFinished([])
+    for idle_threads, sent in ((2, (2, probe)), (None, None)):
+        group = Group()
+        RayLearner(group, idle_threads=idle_threads).train_step(trajs, rollouts_idle=probe)
+        assert [args for method, args in group.calls if method == "train_step"] == [(sent,)]
+
+
+def test_the_rollouts_idle_probe_turns_true_once_the_calls_in_flight_finish_seen_from_another_process(cluster):
+    """RaySource's probe holds the rollout calls in flight when the step began; a learner rank polls it remotely."""
+
+    @ray.remote(num_cpus=0)
+    def rollout(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    @ray.remote(num_cpus=0)
+    def poll(probe):
+        return probe()
+
+    assert RefsFinished([])()
+    done, running = rollout.remote(0), rollout.remote(3)
+    ray.get(done)
+    probe = RefsFinished([done, running])
+    assert not probe() and not ray.get(poll.remote(probe))
+    ray.get(running)
+    assert probe() and ray.get(poll.remote(probe))

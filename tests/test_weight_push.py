@@ -38,6 +38,10 @@ class OneWorker:
                   for ex in examples]
         return [Completion(ticket, groups, {"tokens": 2.0, "gen_seconds": 0.1})]
 
+    def idle_probe(self):
+        running = bool(self.jobs)  # a job submitted and not yet collected counts as running
+        return lambda: not running
+
     def close(self):
         pass
 
@@ -59,9 +63,9 @@ class CountingLearner:
     def __init__(self, version=0):
         self.version, self.trained, self.idle = version, [], []
 
-    def train_step(self, trajectories, rollouts_idle=False):
+    def train_step(self, trajectories, rollouts_idle=None):
         self.trained.append({t.policy_version for t in trajectories})
-        self.idle.append(rollouts_idle)
+        self.idle.append(rollouts_idle())
         self.version += 1
         return {"loss": 0.0}
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +70,10 @@ class RayLearner:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
-        learn = self.group.call("train_step", ray.put([to_table(trajectories)]),  # one copy for all ranks
-                                self.idle_threads if rollouts_idle else None)
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
+                   ) -> dict[str, float]:
+        idle = (self.idle_threads, rollouts_idle) if self.idle_threads and rollouts_idle is not None else None
+        learn = self.group.call("train_step", ray.put([to_table(trajectories)]), idle)  # one copy for all ranks
         self._version = int(learn["policy_version"])
         return learn
 
@@ -91,6 +94,18 @@ def start_rollout_actors(cfg: ZipRLConfig, model_path: Path, retriever: Any) -> 
         .remote(cfg.to_dict(), str(model_path), retriever, i, max(1, int(cpus)))
         for i in range(cfg.ray.num_rollout_actors)
     ]
+
+
+@dataclass(frozen=True)
+class RefsFinished:
+    """True once every one of ``refs`` (the rollout calls in flight when it was made) has finished; picklable, so a
+    learner rank polls it during its step."""
+
+    refs: list[ray.ObjectRef]
+
+    def __call__(self) -> bool:
+        n = len(self.refs)
+        return n == 0 or len(ray.wait(self.refs, num_returns=n, timeout=0, fetch_local=False)[0]) == n
 
 
 class RaySource:
@@ -131,6 +146,9 @@ class RaySource:
             trajs = from_table(table)
             out.append(Completion(ticket, [trajs[i:i + g] for i in range(0, len(trajs), g)], stats))
         return out
+
+    def idle_probe(self) -> RefsFinished:
+        return RefsFinished(list(self._calls))
 
     def _await_restart(self, worker: int, timeout_s: float = RESTART_TIMEOUT_S) -> None:
         """Block until Ray has restarted actor ``worker`` (its model reloaded); re-raise if it cannot start."""

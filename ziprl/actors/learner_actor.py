@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -73,21 +74,37 @@ class LearnerWorker(SendsWeights):
     def version(self) -> int:
         return self.trainer.policy_version
 
-    def train_step(self, tables: list[pa.Table], threads: int | None = None) -> dict[str, float]:
-        """One optimiser step of GRPO + HRR over the given groups of trajectories, on ``threads`` torch threads for
-        this step only (None: as set); + this rank's peak RSS and the threads it ran on."""
+    def train_step(self, tables: list[pa.Table], idle: tuple[int, Callable[[], bool]] | None = None
+                   ) -> dict[str, float]:
+        """One optimiser step of GRPO + HRR over the given groups of trajectories; + this rank's peak RSS.
+
+        ``idle`` = (threads, rollouts_idle): from the first forward or backward before which ``rollouts_idle()`` is
+        true, the step runs on ``threads`` torch threads (the cores the rollouts left idle), given back after it.
+        Logs the threads it ended on (``cpu_threads``) and how many forwards and backwards ran on the idle cores
+        (``idle_core_phases``, two per pass).
+        """
         import torch
 
         from ziprl.loop.source import peak_rss_mb
 
-        base = torch.get_num_threads()
-        torch.set_num_threads(threads or base)
+        base, wide = torch.get_num_threads(), [0]
+
+        def before_compute() -> None:
+            if idle is None:
+                return
+            threads, rollouts_idle = idle
+            if not wide[0] and not rollouts_idle():
+                return
+            torch.set_num_threads(threads)  # in this thread: torch's thread count is per calling thread
+            wide[0] += 1
+
         try:
+            stats = self.trainer.train_step([t for table in tables for t in from_table(table)], before_compute)
             ran_on = torch.get_num_threads()
-            stats = self.trainer.train_step([t for table in tables for t in from_table(table)])
         finally:
             torch.set_num_threads(base)
-        return {**stats, "cpu_threads": float(ran_on), "rss_peak_mb": peak_rss_mb()}
+        return {**stats, "cpu_threads": float(ran_on), "idle_core_phases": float(wide[0]),
+                "rss_peak_mb": peak_rss_mb()}
 
     def weight_source(self) -> WeightSource:
         """The policy's parameters for :class:`~ziprl.actors.weight_sync.SendsWeights` (ZeRO-3: gathered per bucket)."""

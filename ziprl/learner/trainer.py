@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,7 +164,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    def train_step(self, trajectories: Sequence[Trajectory], before_compute: Callable[[], None] | None = None
+                   ) -> dict[str, float]:
         """One optimiser step of the ZipRL objective over ``trajectories`` (whole groups of G samples).
 
         Advantages (``learner.advantage_estimator`` per trajectory + HRR per turn) -> turn rows -> micro-batches ->
@@ -172,7 +173,8 @@ class Trainer:
         the reference) -> one update. Returns the step's statistics; ``kl`` is 0 when beta = 0 (no reference
         model). A batch whose groups were all dropped (zero variance) takes no step; a batch whose every advantage
         is 0 with beta = 0 (zero-variance groups, w = 0) has a zero gradient, so its step runs no forward or
-        backward (``zero_gradient`` = 1; on one ZeRO-0 rank, else it is computed).
+        backward (``zero_gradient`` = 1; on one ZeRO-0 rank, else it is computed). ``before_compute`` runs before every
+        forward and every backward (e.g. to take cores that became idle).
         """
         start = self._clock()
         lc = self.cfg.learner
@@ -193,6 +195,8 @@ class Trainer:
         mismatch_max, probes, passes = 0.0, {}, 0
         for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
             passes += 1
+            if before_compute is not None:
+                before_compute()
             t0 = self._clock()
             with self._compute():
                 logp, entropy = response_logprobs_and_entropy(self.engine, mb)
@@ -205,6 +209,8 @@ class Trainer:
             # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
             loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps,
                                    self.tis_cap)
+            if before_compute is not None:
+                before_compute()
             self.engine.backward(loss * world_size())  # DeepSpeed averages over ranks; the weights already sum
             t3 = self._clock()
             clock["forward"] += t1 - t0

@@ -45,8 +45,16 @@ class InProcessSource:
                                 seed)
         return [Completion(ticket, groups, job_stats(self.engine, tokens, secs))]
 
+    def idle_probe(self) -> Callable[[], bool]:
+        return nothing_runs  # a job runs inside wait(), never beside a learner step
+
     def close(self) -> None:
         self._jobs.clear()
+
+
+def nothing_runs() -> bool:
+    """The idle probe of a source whose jobs never run beside a learner step."""
+    return True
 
 
 class InProcessPush:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +147,11 @@ class RolloutScheduler:
             raise ValueError(f"learner version went back from {self.version} to {version}")
         self.version = version
         self._fill()  # new capacity: start jobs right away, while the loop logs and checkpoints
+
+    def idle_probe(self) -> Callable[[], bool]:
+        """True once every job running now has finished (the source's probe; picklable, so a learner in another
+        process can poll it during a step; no job starts before :meth:`advance`)."""
+        return self.source.idle_probe()
 
     def step_stats(self) -> dict[str, float]:
         """This step's system metrics (and the run's counters); resets the per-step timers."""

@@ -10,6 +10,7 @@ engine); ``ziprl.actors.driver.RaySource`` runs the same jobs on Ray rollout act
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +42,10 @@ class RolloutSource(Protocol):
 
     def wait(self) -> list[Completion]:
         """Block until at least one submitted job has finished (or failed); return every finished one."""
+
+    def idle_probe(self) -> Callable[[], bool]:
+        """A picklable callable that is true once none of the jobs submitted so far computes any more (a learner
+        step polls it, possibly in another process, to take the cores they free)."""
 
     def close(self) -> None:
         """Release the workers."""

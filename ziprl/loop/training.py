@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,9 +34,10 @@ class Learner(Protocol):
     @property
     def version(self) -> int: ...
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
-        """One optimiser step; ``rollouts_idle``: no rollout runs during it (a learner sharing cores with the
-        rollout workers may use theirs)."""
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
+                   ) -> dict[str, float]:
+        """One optimiser step; ``rollouts_idle`` (picklable) turns true once no rollout runs any more: a learner
+        sharing cores with the rollout workers may then take theirs, for the rest of the step."""
         ...
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str: ...
@@ -53,7 +55,8 @@ class LocalLearner:
     def version(self) -> int:
         return self.trainer.policy_version
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: bool = False) -> dict[str, float]:
+    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
+                   ) -> dict[str, float]:
         # generation runs in this process too, never beside the step: its threads are already the process's
         return {**self.trainer.train_step(trajectories), "rss_peak_mb": peak_rss_mb()}
 
@@ -119,7 +122,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         lags = sched.lags(groups)
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        learn = learner.train_step(trajs, rollouts_idle=sched.running == 0)  # no job starts before advance
+        learn = learner.train_step(trajs, rollouts_idle=sched.idle_probe())
         t1 = time.perf_counter()
         version = learner.version
         pushed = push.push(version)
