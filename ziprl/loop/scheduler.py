@@ -149,8 +149,8 @@ class RolloutScheduler:
         self._fill()  # new capacity: start jobs right away, while the loop logs and checkpoints
 
     def idle_probe(self) -> Callable[[], bool]:
-        """True once every job running now has finished (the source's probe; picklable, so a learner in another
-        process can poll it during a step; no job starts before :meth:`advance`)."""
+        """The source's probe of the jobs running now: true once all of them have finished (picklable, so a learner in
+        another process can poll it during its step; no job starts before :meth:`advance`)."""
         return self.source.idle_probe()
 
     def step_stats(self) -> dict[str, float]:
