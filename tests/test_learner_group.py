@@ -133,18 +133,32 @@ def test_the_rollouts_idle_probe_turns_true_once_the_calls_in_flight_finish_seen
     """RaySource's probe holds the rollout calls in flight when the step began; a learner rank polls it remotely."""
 
     @ray.remote(num_cpus=0)
-    def rollout(seconds):
-        time.sleep(seconds)
-        return seconds
+    class Gate:
+        def __init__(self):
+            self.open = False
+
+        def release(self):
+            self.open = True
+
+        def is_open(self):
+            return self.open
+
+    @ray.remote(num_cpus=0)
+    def rollout(gate):  # runs until the gate opens
+        while not ray.get(gate.is_open.remote()):
+            time.sleep(0.02)
 
     @ray.remote(num_cpus=0)
     def poll(probe):
         return probe()
 
     assert RefsFinished([])()
-    done, running = rollout.remote(0), rollout.remote(3)
-    ray.get(done)
-    probe = RefsFinished([done, running])
+    gate, done = Gate.remote(), Gate.remote()
+    ray.get(done.release.remote())
+    finished, running = rollout.remote(done), rollout.remote(gate)
+    ray.get(finished)
+    probe = RefsFinished([finished, running])
     assert not probe() and not ray.get(poll.remote(probe))
+    ray.get(gate.release.remote())
     ray.get(running)
     assert probe() and ray.get(poll.remote(probe))
