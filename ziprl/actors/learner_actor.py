@@ -90,16 +90,16 @@ class LearnerWorker(SendsWeights):
         base, wide = torch.get_num_threads(), [0]
 
         def before_compute() -> None:
-            if idle is None:
-                return
             threads, rollouts_idle = idle
-            if not wide[0] and not rollouts_idle():
-                return
-            torch.set_num_threads(threads)  # in this thread: torch's thread count is per calling thread
+            if not wide[0]:
+                if not rollouts_idle():
+                    return
+                torch.set_num_threads(threads)  # in this thread: torch's thread count is per calling thread
             wide[0] += 1
 
         try:
-            stats = self.trainer.train_step([t for table in tables for t in from_table(table)], before_compute)
+            stats = self.trainer.train_step([t for table in tables for t in from_table(table)],
+                                            before_compute if idle is not None else None)
             ran_on = torch.get_num_threads()
         finally:
             torch.set_num_threads(base)
