@@ -103,7 +103,27 @@ def test_bf16_is_chosen_on_a_cpu_only_where_it_is_measured_faster(monkeypatch, b
 
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: True)
     rates = {torch.bfloat16: bf16_rate, torch.float32: f32_rate}
-    monkeypatch.setattr(hardware, "gemm_peak_flops", lambda dtype, device, **kw: rates[dtype])
+    monkeypatch.setattr(hardware, "gemm_rates", lambda dtypes, device, **kw: {d: rates[d] for d in dtypes})
     assert hardware.bf16_pays("cpu") is expected
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: False)
     assert hardware.bf16_pays("cpu") is False  # no bf16 instructions: never measured, never chosen
+
+
+def test_a_burst_of_load_during_the_measurement_does_not_decide_the_dtype(monkeypatch):
+    """Another process busy for part of the measurement (a launch overlapping the learner's start with other work) made
+    the bf16 products look slow and the learner chose float32 on a CPU where bf16 runs 4x faster. The two dtypes'
+    products now alternate and each keeps its best: a burst slows both alike and the best unloaded ones decide."""
+    from ziprl.learner import hardware
+
+    clock, products = [0.0], []
+
+    def mm(a, b):  # bf16 4x faster; the first 4 products run 10x slower (the burst)
+        products.append(a.dtype)
+        clock[0] += (1.0 if a.dtype == torch.bfloat16 else 4.0) * (10.0 if len(products) <= 4 else 1.0)
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: True)
+    monkeypatch.setattr(hardware, "device_clock", lambda device: lambda: clock[0])
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "randn", lambda *shape, device: torch.zeros(2, 2))
+    assert hardware.bf16_pays("cpu") is True
+    assert products[:4] == [torch.bfloat16, torch.float32] * 2  # alternating from the first (warm-up) product

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +38,8 @@ def bf16_pays(device: str) -> bool:
         return False
     if device.startswith("cuda"):
         return True
-    return gemm_peak_flops(torch.bfloat16, device) >= BF16_MIN_SPEEDUP * gemm_peak_flops(torch.float32, device)
+    rates = gemm_rates((torch.bfloat16, torch.float32), device, reps=5)  # alternating: a burst of load hits both
+    return rates[torch.bfloat16] >= BF16_MIN_SPEEDUP * rates[torch.float32]
 
 
 def device_clock(device: torch.device) -> Callable[[], float]:
@@ -58,15 +59,22 @@ def gemm_peak_flops(dtype: torch.dtype, device: str, n: int | None = None, reps:
     """FLOP/s of the best of ``reps`` n x n matrix products in ``dtype`` on ``device``, measured now (under whatever
     else the device is doing, like the step it is compared with). ``n`` None: 2048 on a CPU, 8192 on a GPU (an
     H100 ran 2048² bf16 products at 254-418 TFLOP/s, noisy and under half its ~800: MFU read 2-3x too high)."""
+    return gemm_rates((dtype,), device, n, reps)[dtype]
+
+
+def gemm_rates(dtypes: Sequence[torch.dtype], device: str, n: int | None = None, reps: int = 3
+               ) -> dict[torch.dtype, float]:
+    """:func:`gemm_peak_flops` of several dtypes, their products alternating (one of each per round), each dtype's
+    best kept: load that comes and goes during the measurement slows them alike."""
     n = n or (8192 if device.startswith("cuda") else 2048)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    clock, best = device_clock(torch.device(device)), float("inf")
-    for _ in range(reps + 1):  # the first product warms the kernels up
-        start = clock()
-        torch.mm(a, b)
-        best = min(best, clock() - start)
-    return 2 * n**3 / best
+    pairs = {d: (torch.randn(n, n, device=device).to(d), torch.randn(n, n, device=device).to(d)) for d in dtypes}
+    clock, best = device_clock(torch.device(device)), dict.fromkeys(dtypes, float("inf"))
+    for _ in range(reps + 1):  # the first round warms the kernels up
+        for d, (a, b) in pairs.items():
+            start = clock()
+            torch.mm(a, b)
+            best[d] = min(best[d], clock() - start)
+    return {d: 2 * n**3 / t for d, t in best.items()}
 
 
 class GemmPeak:
