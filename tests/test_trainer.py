@@ -157,6 +157,41 @@ def test_default_model_grpo_step_lowers_loss(default_model_dir, tmp_path):
     assert load_tokenizer(saved).eos_token == trainer.tokenizer.eos_token
 
 
+def test_the_first_step_takes_the_reference_log_probs_from_the_policy_itself(tiny_model_dir, tmp_path):
+    """While the policy's weights are the reference's (no update yet, no checkpoint loaded) its own log-probs are the
+    reference's: the first step runs no reference forward and takes the step the reference model gives (float32:
+    the same numerics); a later step, and the first step after a checkpoint load, run the reference model."""
+    from ziprl.learner.checkpoint import load_checkpoint, save_checkpoint
+
+    trajectories = make_trajectories(tiny_model_dir, groups=2, group_size=2, max_turns=2, logprob_noise=0.3)
+    calls: list[int] = []
+
+    def trainer() -> Trainer:
+        built = Trainer(make_cfg(lr=1e-3, beta=0.1), tiny_model_dir)
+        built.ref_model.register_forward_hook(lambda *_: calls.append(1))
+        return built
+
+    run = trainer()
+    first = run.train_step(trajectories)
+    assert not calls and first["kl"] == 0.0
+    forced = trainer()
+    forced.at_reference = False
+    check = forced.train_step(trajectories)
+    assert calls and check["loss"] == pytest.approx(first["loss"], rel=1e-6, abs=1e-9)
+    assert check["kl"] == pytest.approx(0.0, abs=1e-7)
+    ours, theirs = run.named_weights_numpy(), forced.named_weights_numpy()
+    assert all(np.allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-7) for k in ours)
+
+    calls.clear()
+    second = run.train_step(trajectories)
+    assert calls and second["kl"] > 0
+    save_checkpoint(run, tmp_path, {})
+    resumed = trainer()
+    load_checkpoint(resumed, tmp_path)
+    calls.clear()
+    assert resumed.train_step(trajectories)["kl"] > 0 and calls
+
+
 def test_all_zero_variance_groups_dropped_takes_no_step(tiny_model_dir):
     trainer = Trainer(make_cfg(beta=0.0, drop_zero_variance_groups=True), tiny_model_dir)
     trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1)
@@ -233,7 +268,8 @@ def test_the_step_parts_are_timed_by_the_devices_clock(tiny_model_dir, monkeypat
     trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=4, max_turns=1)
     trainer = Trainer(make_cfg(lr=1e-3, beta=0.001, micro_batch_turns=2), tiny_model_dir)
     stats = trainer.train_step(trajectories)  # 4 turns: 2 micro-batches
-    assert [stats[f"{p}_seconds"] for p in ("forward", "reference", "backward", "optimizer")] == [2.0, 2.0, 2.0, 1.0]
+    parts = ("forward", "reference", "backward", "optimizer", "probe")
+    assert [stats[f"{p}_seconds"] for p in parts] == [2.0, 2.0, 2.0, 1.0, 1.0]
     assert stats["seconds"] == 11.0  # readings: the start, 4 per micro-batch, 2 around the optimizer, the end
 
 

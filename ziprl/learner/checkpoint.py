@@ -239,6 +239,7 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
         group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.engine.global_steps = trainer.global_step = state["step"]
+    trainer.at_reference = False
     trainer.policy_version = state["policy_version"]
     _set_rng(state["rng"], load_file(path / "rng.safetensors"))
     return state["data_position"]

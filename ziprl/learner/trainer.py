@@ -99,7 +99,8 @@ def _sign_tokens(mb: MicroBatch, sign: str) -> torch.Tensor:
 
 
 class Trainer:
-    """Policy (a DeepSpeed engine) + frozen reference model (only when beta > 0) + optimiser bookkeeping.
+    """Policy (a DeepSpeed engine) + frozen reference model (only when beta > 0; a step skips its forward while the
+    policy's weights are still the reference's) + optimiser bookkeeping.
 
     ``model_path`` None trains ``resolve_model_path(cfg.model)``. The reference model is the same checkpoint,
     frozen; build a resumed trainer from the same ``model_path`` so it keeps the same reference.
@@ -159,6 +160,7 @@ class Trainer:
             dtype = "bfloat16" if self.bf16 else "float32"
             self.ref_model = load_model(self.model_path, dtype, str(self.device), cfg.model.trust_remote_code)
             self.ref_model.requires_grad_(False)
+        self.at_reference = True  # the policy's weights are still the reference's (no update, no checkpoint loaded)
         self.global_step = 0  # optimiser steps taken (RL and SFT)
         self.policy_version = 0  # +1 per optimiser step; tags the weights pushed to the engines
 
@@ -202,7 +204,9 @@ class Trainer:
                 logp, entropy = response_logprobs_and_entropy(self.engine, mb)
             t1 = self._clock()
             ref_logp = None
-            if self.ref_model is not None:
+            if self.ref_model is not None and self.at_reference:
+                ref_logp = logp.detach()  # the policy is the reference: its log-probs are the reference's (KL 0)
+            elif self.ref_model is not None:
                 with torch.no_grad(), self._compute():
                     ref_logp = response_logprobs(self.ref_model, mb)
             t2 = self._clock()
@@ -259,7 +263,9 @@ class Trainer:
             "gemm_peak_tflops": peak / 1e12,
             "seconds": seconds,
         }
+        t0 = self._clock()
         out.update(self._probe_update(probes))
+        out["probe_seconds"] = self._clock() - t0  # after the step: not part of "seconds"
         return out
 
     def _gradient_is_zero(self, rows: list[TurnRow]) -> bool:
@@ -357,6 +363,7 @@ class Trainer:
     def _optimizer_step(self) -> float:
         """engine.step(): reduce, clip, AdamW update, LR schedule. Returns the pre-clip gradient norm."""
         self.engine.step()
+        self.at_reference = False
         self.global_step += 1
         self.policy_version += 1
         norm = self._grad_norm if self._clip_in_hook else self.engine.get_global_grad_norm()
