@@ -6,9 +6,9 @@ decode step.
 - ``attention``: one layer's causal attention, forward + backward, at the embedded model's shape (2 rows x 9 heads x
   ``--seq`` tokens x 64), through torch's SDPA flash kernel and its math backend, bf16 and float32.
 - ``decode``: one HFEngine decode step (bf16, as the launch's engines generate beside a bf16 learner) of ``--model``
-  (default: the embedded model) after an 800-token prompt, at batch 1, 2 and 4, with the model's linear layers as
-  they are and with their weights pre-packed for oneDNN (``torch.ops.mkldnn._linear_pointwise``: what a packed
-  engine would run; the weights then need repacking at every refresh), and the largest change packing makes to the
+  (default: the embedded model) after an 800-token prompt, at batch 1, 2 and 4, with the model's linear layers on
+  torch's ``linear`` and with their weights pre-packed for oneDNN as the engine runs them
+  (:mod:`ziprl.policy.cpu_linear`, repacked at every weight refresh), and the largest change packing makes to the
   prompts' last logits.
 
 Milliseconds are the mean of timed repeats after a warm-up, on ``--threads`` torch threads.
@@ -55,42 +55,27 @@ def attention_ms(dtype, backend, seq: int, repeats: int = 5) -> float:
     return timed_ms(step, repeats)
 
 
-class PackedLinear:
-    """A linear layer whose weight is pre-packed for oneDNN at a given batch size (bias kept)."""
-
-    def __init__(self, linear, batch: int):
-        import torch
-
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch)
-        self.bias = linear.bias
-
-    def __call__(self, x):
-        import torch
-
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-def pack_linears(module, batch: int) -> None:
-    """Route every ``nn.Linear`` under ``module`` through :class:`PackedLinear` (the module's own weight stays)."""
-    import torch
-
-    for child in module.modules():
-        if isinstance(child, torch.nn.Linear):
-            child.forward = PackedLinear(child, batch)
+def torch_linears(model) -> None:
+    """Undo :func:`ziprl.policy.cpu_linear.pack_linears`: every linear layer back on torch's own ``linear``."""
+    for module in model.modules():
+        module.__dict__.pop("forward", None)
 
 
 def decode_ms(model_path: str, batch: int, prompt_tokens: int = 800, repeats: int = 20) -> tuple[float, float, float]:
-    """One decode step of a bf16 HFEngine after ``prompt_tokens``-token prompts, ``batch`` rows: milliseconds as loaded,
-    then with its linears pre-packed, and the largest change packing made to the prompts' last logits."""
+    """One decode step of a bf16 HFEngine after ``prompt_tokens``-token prompts, ``batch`` rows: milliseconds on
+    torch's linear, then with the engine's pre-packed oneDNN linears, and the largest change packing made to the
+    prompts' last logits."""
     import torch
 
     from ziprl.config import load_config
     from ziprl.policy import make_engine
+    from ziprl.policy.cpu_linear import pack_linears
     from ziprl.policy.kv import cache_kwarg
 
     cfg = load_config(None, ["model.dtype=bfloat16", "model.device=cpu"])
     engine = make_engine(cfg.model, model_path)
     model = engine.model
+    torch_linears(model)
     prompts = [[1 + (i * 7 + j) % 1000 for j in range(prompt_tokens)] for i in range(batch)]
 
     def step_ms() -> tuple[float, torch.Tensor]:
@@ -108,7 +93,7 @@ def decode_ms(model_path: str, batch: int, prompt_tokens: int = 800, repeats: in
 
     with torch.inference_mode():
         plain, before = step_ms()
-        pack_linears(model, batch)
+        pack_linears(model)
         packed, after = step_ms()
     return plain, packed, float((after - before).abs().max())
 
@@ -140,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(rows[-1], flush=True)
         for batch in (1, 2, 4):
             plain, packed, diff = decode_ms(model, batch)
-            for variant, ms in (("as loaded", plain), ("pre-packed oneDNN linears", packed)):
+            for variant, ms in (("torch linear", plain), ("pre-packed oneDNN linears (the engine's)", packed)):
                 rows.append({"kernel": "HFEngine bf16 decode step", "threads": threads, "variant": variant,
                              "shape": f"batch {batch}, 800-token prompt", "ms": ms,
-                             "prefill_logits_max_abs_diff": diff if variant != "as loaded" else 0.0})
+                             "prefill_logits_max_abs_diff": diff if variant != "torch linear" else 0.0})
                 print(rows[-1], flush=True)
     write_results(args.name, rows, {"seq": args.seq, "model": "embedded" if args.model is None else "given"})
 

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ziprl.config import SamplingConfig
 from ziprl.policy.cpu_attention import use_decode_attention
+from ziprl.policy.cpu_linear import pack_linears, repack
 from ziprl.policy.decoding import DecodeRows, eos_ids, generator, sample
 from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.policy.kv import (
@@ -54,20 +55,25 @@ class HFEngine(GenerationEngine):
     ``unpadded_prefill`` (default: on CPU): prefill prompts one at a time, computing no padding, when a padded batch
     would be more than ``UNPADDED_MIN_PADDING`` padding (on a CPU a padded position costs a real token's compute; a
     GPU keeps the one padded batch; never for a model with sliding-window cache layers).
-    A half-precision model it loads on CPU decodes with :mod:`ziprl.policy.cpu_attention` (a given model is left as is).
+    A half-precision model it loads on CPU decodes with :mod:`ziprl.policy.cpu_attention`, a bfloat16 one with its
+    linear weights packed for oneDNN (:mod:`ziprl.policy.cpu_linear`; repacked at every ``load_weights``); a given model
+    is left as is.
     """
 
     def __init__(self, path: str | Path | None = None, *, model: Any = None, tokenizer: Any = None,
                  dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False,
                  share_prefix: bool = True, unpadded_prefill: bool | None = None) -> None:
+        packed = False
         if model is None:
             if path is None:
                 raise ValueError("HFEngine needs a model path, or a loaded model and tokenizer")
             model = load_model(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
             tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
             use_decode_attention(model)
+            packed = pack_linears(model)
         elif tokenizer is None:
             raise ValueError("HFEngine given a model also needs its tokenizer")
+        self.packed_linears = packed
         self.model = model.eval()
         self.share_prefix = share_prefix
         self.device = next(model.parameters()).device
@@ -200,4 +206,6 @@ class HFEngine(GenerationEngine):
                 target = targets[name]
                 # Rebind, never write in place: the old storage may be a read-only object-store array.
                 target.data = value.to(device=target.device, dtype=target.dtype).contiguous()
+        if self.packed_linears:
+            repack(self.model)
         self.version = version
