@@ -101,3 +101,52 @@ def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
         assert x["system/rollout_rss_peak_mb"] > 0 and x["perf/weight_push_bytes"] > 0
     assert lines[-1]["system/groups_trained"] == 12.0 and lines[-1]["system/groups_dropped_stale"] == 0.0
     assert lines[-1]["system/groups_generated"] <= 12.0 + 4.0  # on-policy: at most one batch ahead
+
+
+def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_the_learner(tmp_path, tiny_model_dir,
+                                                                                          monkeypatch):
+    """Stage 1 then one RL step on a local 2-CPU cluster, its set-up overlapped: the retriever deploys beside Stage 1,
+    whose ranks ask for the CPUs it leaves (and run on every core); the SFT ranks start building their trainer
+    before the demos are done; Stage 2's learner takes Stage 1's bf16 decision, so the rollout actors start in the
+    engines' dtype without waiting for the learner build."""
+    from ziprl.actors import launch as launch_module
+
+    events: list[tuple] = []
+
+    def spy(name, record):
+        real = getattr(launch_module, name)
+
+        def wrapped(*args, **kwargs):
+            events.append((f"{name} start", time.perf_counter(), *record(*args, **kwargs)))
+            result = real(*args, **kwargs)
+            events.append((f"{name} end", time.perf_counter()))
+            return result
+
+        monkeypatch.setattr(launch_module, name, wrapped)
+
+    spy("LearnerGroup", lambda cfg, ranks, cpus, gpus, **kw: (cfg.learner.bf16, cpus, kw.get("threads")))
+    spy("build_demos", lambda cfg: ())
+    spy("deploy_retriever", lambda retriever_cfg, ray_cfg: (ray_cfg.retriever_cpus * ray_cfg.retriever_replicas,))
+    spy("start_rollout_actors", lambda cfg, model, retriever: (cfg.model.dtype,))
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [
+        f"run.out_dir={out}", f"model.path={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+        "model.device=cpu", "demos.limit=2", "ray.num_rollout_actors=1", "learner.steps=1",
+        "learner.global_batch_questions=1", "rollout.group_size=2", "env.max_turns=2", "sampling.max_new_tokens=16",
+        "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
+    ])
+    ray.init(num_cpus=2, include_dashboard=False)
+    launch_module.launch(cfg, progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1]
+    assert list((tmp_path / "cache" / "stage1").glob("*/model/config.json"))
+
+    at = {e[0]: e for e in events}
+    groups = [e for e in events if e[0] == "LearnerGroup start"]
+    (_, _, bf16_1, cpus_1, threads_1), (_, _, bf16_2, cpus_2, _) = groups
+    assert bf16_1 is None and threads_1 == 2  # Stage 1 runs on both cores ...
+    assert cpus_1 + at["deploy_retriever start"][2] <= 2.0  # ... and leaves the retriever its CPUs
+    assert groups[0][1] < at["build_demos end"][1]  # the SFT ranks started before the demos were done
+    assert isinstance(bf16_2, bool) and cpus_2 == 0.5  # Stage 1's decision
+    assert at["start_rollout_actors start"][2] == ("bfloat16" if bf16_2 else "float32")

@@ -8,8 +8,10 @@ one training loop (:func:`ziprl.loop.training.train_loop`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ray
@@ -20,7 +22,7 @@ from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sync import make_weight_sync
-from ziprl.config import ZipRLConfig
+from ziprl.config import ZipRLConfig, resolve_engine_dtype
 from ziprl.env.demos import build_demos
 from ziprl.learner.checkpoint import resumed_learner
 from ziprl.learner.sft import stage1_dir
@@ -31,24 +33,59 @@ from ziprl.rundir import write_config
 from ziprl.tb import MetricsLogger
 
 
-def run_stage1(cfg: ZipRLConfig) -> Path:
-    """Demo synthesis + SFT (on the learner ranks), cached; returns the SFT model directory."""
+def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None]:
+    """Demo synthesis + SFT (on the learner ranks, which build their trainer while the demos are made), cached;
+    returns the SFT model directory and whether the SFT learner computed in bf16 (None when the cache answered)."""
+    cached = cached_stage1(cfg)
+    if cached is not None:
+        print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)
+        return cached, None
     root = stage1_dir(cfg)
-    model = root / "model"
-    if (model / "config.json").is_file():
-        print(f"[launch] Stage 1: reusing the cached SFT model {model}", flush=True)
-        return model
     cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
-    t0 = time.perf_counter()
-    path, counts = build_demos(cfg1)
-    print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
-          f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
-    cpus = max(cfg.ray.learner_cpus, local_core_share(cfg) or 0.0)  # nothing else runs during Stage 1
-    group = LearnerGroup(cfg1, cfg.ray.learner_ranks, cpus, cfg.ray.learner_gpus)
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(sft_group, cfg1)
+        try:
+            t0 = time.perf_counter()
+            path, counts = build_demos(cfg1)
+            print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
+                  f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result()[0].shutdown()
+            raise
+        group, bf16 = starting.result()
     try:
-        return Path(group.call("sft", str(path), str(root)))
+        return Path(group.call("sft", str(path), str(root))), bf16
     finally:
         group.shutdown()
+
+
+def cached_stage1(cfg: ZipRLConfig) -> Path | None:
+    """The Stage 1 model directory this configuration cached, None when there is none."""
+    model = stage1_dir(cfg) / "model"
+    return model if (model / "config.json").is_file() else None
+
+
+def sft_group(cfg: ZipRLConfig) -> tuple[LearnerGroup, bool]:
+    """The Stage 1 learner ranks (:func:`stage1_cpus`) with their trainer built, and whether it computes in bf16."""
+    cpus, threads = stage1_cpus(cfg)
+    group = LearnerGroup(cfg, cfg.ray.learner_ranks, cpus, cfg.ray.learner_gpus, threads=threads)
+    try:
+        return group, ray.get(group.start("build_sft_trainer"))[0]
+    except BaseException:
+        group.shutdown()
+        raise
+
+
+def stage1_cpus(cfg: ZipRLConfig) -> tuple[float, int]:
+    """(CPUs a Stage 1 learner rank asks Ray for, torch threads it runs). On a local cluster nothing else computes
+    during SFT: each rank runs on its share of every core, and asks for its share of what the retriever, deploying
+    meanwhile, leaves. On a joined cluster: ``ray.learner_cpus``."""
+    share = local_core_share(cfg)
+    if share is None:
+        return cfg.ray.learner_cpus, max(1, int(cfg.ray.learner_cpus))
+    left = ray.cluster_resources().get("CPU", 1.0) - cfg.ray.retriever_cpus * cfg.ray.retriever_replicas
+    return max(0.01, left / cfg.ray.learner_ranks), max(1, int(share))
 
 
 def local_core_share(cfg: ZipRLConfig) -> float | None:
@@ -67,17 +104,27 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     source = push = None
     try:
         check_gpus(cfg)
-        model = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else run_stage1(cfg)
-        print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors", flush=True)
-        cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
-        group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
-        building = group.start("build_trainer", str(model))  # the ranks load the model while the retriever deploys
-        retriever = deploy_retriever(retriever_config_for(cfg), cfg.ray)
-        # the engines generate in the learner's dtype when model.dtype=auto (every rank decides alike: same hardware)
-        dtype = ray.get(building)[0]
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-        print(f"[launch] the rollout engines generate in {dtype}", flush=True)
-        actors = start_rollout_actors(cfg, model, retriever)
+        with ThreadPoolExecutor(1) as pool:  # the retriever deploys beside Stage 1 (which leaves it its CPUs)
+            deploying = pool.submit(deploy_retriever, retriever_config_for(cfg), cfg.ray)
+            model, bf16 = (Path(cfg.run.sft_checkpoint), None) if cfg.run.sft_checkpoint else run_stage1(cfg)
+            print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors",
+                  flush=True)
+            cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
+            if cfg.learner.bf16 is None and bf16 is not None:  # else as Stage 1's learner decided on this hardware
+                cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, bf16=bf16))
+            group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+            building = group.start("build_trainer", str(model))  # the ranks load the model, the retriever may deploy
+            retriever = deploying.result()
+        # the engines generate in the learner's dtype when model.dtype=auto: known here once learner.bf16 is set (the
+        # actors then load beside the learner), else as the ranks decide it (every rank alike: same hardware)
+        if cfg.learner.bf16 is not None:
+            cfg = dataclasses.replace(cfg, model=resolve_engine_dtype(cfg.model, cfg.learner.bf16))
+            actors = start_rollout_actors(cfg, model, retriever)
+            ray.get(building)
+        else:
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=ray.get(building)[0]))
+            actors = start_rollout_actors(cfg, model, retriever)
+        print(f"[launch] the rollout engines generate in {cfg.model.dtype}", flush=True)
         push = make_weight_sync(cfg, group, actors)
         source = RaySource(cfg, actors, push)
         share = local_core_share(cfg)
@@ -92,5 +139,6 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
             push.close()
         if source is not None:
             source.close()
-        serve.shutdown()
-        ray.shutdown()
+        if cfg.ray.address is not None:  # a joined cluster keeps running: take the retriever app off it
+            serve.shutdown()
+        ray.shutdown()  # a local cluster stops whole, Serve with it

@@ -65,11 +65,20 @@ class LearnerWorker(SendsWeights):
         self.cfg = dataclasses.replace(self.cfg, model=resolve_engine_dtype(self.cfg.model, self.trainer.bf16))
         return self.cfg.model.dtype
 
+    def build_sft_trainer(self) -> bool:
+        """The Stage 1 trainer (model conversion and load, DeepSpeed set-up), ahead of the demos it will train on;
+        returns whether it computes in bf16 (``learner.bf16`` as decided on this hardware)."""
+        from ziprl.learner.sft import sft_trainer
+
+        self.trainer = sft_trainer(self.cfg)
+        return self.trainer.bf16
+
     def sft(self, demos: str, out_dir: str) -> str:
-        """Stage 1: cold-start SFT on the demo file; returns the written model directory."""
+        """Stage 1: cold-start SFT on the demo file (with the trainer :meth:`build_sft_trainer` built, if it ran);
+        returns the written model directory."""
         from ziprl.learner.sft import run_sft
 
-        return str(run_sft(self.cfg, demos, out_dir))
+        return str(run_sft(self.cfg, demos, out_dir, self.trainer))
 
     def version(self) -> int:
         return self.trainer.policy_version
@@ -131,13 +140,15 @@ LearnerActor = ray.remote(LearnerWorker)
 
 
 class LearnerGroup:
-    """``ranks`` learner actors with ``cpus``/``gpus`` each, joined into one process group.
+    """``ranks`` learner actors with ``cpus``/``gpus`` each, joined into one process group; each runs ``threads`` torch
+    threads (default: its whole CPUs, at least 1).
 
     Fails with a ConfigError, before any model loads, when the cluster cannot place them within
     ``timeout_s`` seconds.
     """
 
-    def __init__(self, cfg: ZipRLConfig, ranks: int, cpus: float, gpus: float, timeout_s: float = PLACEMENT_TIMEOUT_S):
+    def __init__(self, cfg: ZipRLConfig, ranks: int, cpus: float, gpus: float, timeout_s: float = PLACEMENT_TIMEOUT_S,
+                 threads: int | None = None):
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         self.pg = placement_group([bundle] * ranks, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=timeout_s)
@@ -152,7 +163,7 @@ class LearnerGroup:
             LearnerActor.options(
                 num_cpus=cpus, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(cfg.to_dict(), max(1, int(cpus)))
+            ).remote(cfg.to_dict(), threads or max(1, int(cpus)))
             for i in range(ranks)
         ]
         ips = ray.get([a.node_ip.remote() for a in self.actors])

@@ -20,12 +20,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
 from ziprl.paths import cache_root
+
+if TYPE_CHECKING:
+    from ziprl.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +139,19 @@ def length_grouped_steps(lengths: Sequence[int], size: int, rng: Any, mega: int 
     return [steps[i] for i in rng.permutation(len(steps))]
 
 
-def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path) -> Path:
+def sft_trainer(cfg: ZipRLConfig) -> Trainer:
+    """The Stage 1 trainer over ``cfg.model``: ``sft.lr``, constant, no KL term (no reference model)."""
+    from ziprl.learner.trainer import Trainer
+    from ziprl.policy.models import resolve_model_path
+
+    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, beta=0.0, warmup_steps=0)
+    return Trainer(dataclasses.replace(cfg, learner=learner), resolve_model_path(cfg.model))
+
+
+def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, trainer: Trainer | None = None) -> Path:
     """Stage 1: fine-tune ``cfg.model`` on the demos; returns ``<out_dir>/model`` (an HF checkpoint).
+
+    ``trainer``: an :func:`sft_trainer` built beforehand (e.g. while the demos were synthesised); None builds one.
 
     ``sft.epochs`` passes over the shuffled transitions (seed ``learner.seed``; rows of similar length share a step,
     :func:`length_grouped_steps`), one optimiser step per ``sft.micro_batch`` rows at constant lr ``sft.lr``;
@@ -148,18 +162,16 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path) -> Pa
     from tqdm import tqdm
 
     from ziprl.learner.distributed import rank
-    from ziprl.learner.trainer import Trainer
     from ziprl.policy.models import load_tokenizer, resolve_model_path
 
     examples = read_demos(demos_path)  # fail on a bad file before any model loads
     out_dir = Path(out_dir)
-    model_path = resolve_model_path(cfg.model)
+    model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
     rows = sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
     if not rows:
         raise DemoFileError(f"no transition of {demos_path} fits sft.max_seq_len={cfg.sft.max_seq_len}")
 
-    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, beta=0.0, warmup_steps=0)
-    trainer = Trainer(dataclasses.replace(cfg, learner=learner), model_path)
+    trainer = trainer or sft_trainer(cfg)
     size = cfg.sft.micro_batch
     rng = np.random.default_rng(cfg.learner.seed)
     writer = SummaryWriter(str(out_dir / "tb")) if rank() == 0 else None
