@@ -23,7 +23,7 @@ from ziprl.learner.batch import build_rows, make_micro_batches, response_logprob
 from ziprl.learner.hardware import cpu_has_bf16
 from ziprl.learner.losses.ppo_clip import policy_loss
 from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
-from ziprl.learner.trainer import Trainer, shares_prefix, tis_cap
+from ziprl.learner.trainer import Trainer, shares_prefix, takes_probe, tis_cap
 from ziprl.policy.models import load_model, load_tokenizer
 
 requires_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
@@ -306,6 +306,24 @@ def test_the_update_probe_finds_each_advantage_sign_in_its_own_micro_batch(tiny_
     pos, neg = stats["dlogp_pos_adv"], stats["dlogp_neg_adv"]
     assert 0.0 not in (pos, neg) and pos > neg  # both measured; the similar responses can rise together
     assert forwards == ([1, 1] if micro_batch_turns == 1 else [4])  # beta = 0: no reference forward
+
+
+@pytest.mark.parametrize(("micro_batches", "chosen"), [
+    ([(True, False), (True, True)], (1, 1)),  # a later micro-batch holding both: one forward, not two
+    ([(True, True), (True, False), (True, True)], (0, 0)),
+    ([(True, False), (False, True)], (0, 1)),
+    ([(True, False), (False, True), (True, True)], (2, 2)),
+    ([(False, False), (False, True)], (0, 1)),
+    ([(False, False), (False, False)], (0, 0)),
+])
+def test_the_update_probe_prefers_one_micro_batch_holding_both_signs(micro_batches, chosen):
+    """Micro-batches seen in order, each (has positive-, has negative-advantage tokens): the one each sign probes."""
+    held: dict[int, tuple[int, tuple[bool, bool]]] = {}
+    for k, flags in enumerate(micro_batches):
+        for sign in (0, 1):
+            if takes_probe(held[sign][1] if sign in held else None, flags[sign], all(flags)):
+                held[sign] = (k, (flags[sign], all(flags)))
+    assert (held[0][0], held[1][0]) == chosen
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + ZeRO-2/3 runs on a CUDA GPU; this machine has none")

@@ -212,9 +212,9 @@ class LearnerConfig:
                                           "token probabilities, as verl's rollout correction) | off | auto = tis "
                                           "whenever the engine's numerics differ from the learner's.")
     tis_cap: float = opt(2.0, "C in w_t = min(pi_learner / pi_rollout, C) (Eq. TIS); verl's default is 2.")
-    probe_update: bool = opt(True, "after each step re-score the first micro-batch holding positive- and the first "
-                                   "holding negative-advantage tokens (one forward when one micro-batch holds both) "
-                                   "and log how the update moved those tokens' log-probs.")
+    probe_update: bool = opt(True, "after each step re-score the first micro-batch holding both positive- and "
+                                   "negative-advantage tokens (one forward), else the first holding each, and log how "
+                                   "the update moved those tokens' log-probs.")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
     share_prefix: bool | None = opt(None, "run the leading tokens every turn of a micro-batch shares (the system "
                                           "prompt) once per micro-batch, not once per turn; off with gradient "

@@ -93,6 +93,13 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def takes_probe(held: tuple[bool, bool] | None, has: bool, both: bool) -> bool:
+    """Whether a micro-batch replaces ``held`` (it has the sign's tokens, it has both signs'; None: none yet) as the
+    update probe of one advantage sign, micro-batches seen in order: the first with the sign's tokens, and among
+    those the first holding both signs (one forward then measures both), else the first micro-batch."""
+    return held is None or (has and not held[0]) or (both and not held[1])
+
+
 def _sign_tokens(mb: MicroBatch, sign: str) -> torch.Tensor:
     """The response tokens of ``mb`` whose advantage has ``sign`` ("pos" | "neg")."""
     return mb.loss_mask.bool() & ((mb.adv > 0) if sign == "pos" else (mb.adv < 0))
@@ -221,11 +228,11 @@ class Trainer:
             clock["reference"] += t2 - t1
             clock["backward"] += t3 - t2
             # every rank probes one micro-batch per sign, so the same count on every rank (ZeRO-3 gathers
-            # collectively): its first with a token of that advantage sign, else its first micro-batch
-            for sign in ("pos", "neg") if lc.probe_update else ():
-                has = bool(_sign_tokens(mb, sign).any())
-                if sign not in probes or (has and not probes[sign][2]):
-                    probes[sign] = (mb, logp.detach(), has)
+            # collectively): see takes_probe
+            has = {sign: bool(_sign_tokens(mb, sign).any()) for sign in ("pos", "neg")} if lc.probe_update else {}
+            for sign, held in has.items():
+                if takes_probe(probes[sign][2:] if sign in probes else None, held, all(has.values())):
+                    probes[sign] = (mb, logp.detach(), held, all(has.values()))
             if real:
                 n = st["tokens"]
                 ent = float((entropy * mb.loss_mask).sum())
@@ -288,12 +295,12 @@ class Trainer:
                 "policy_version": float(self.policy_version), "optimizer_seconds": self._clock() - t0,
                 "zero_gradient": 1.0}
 
-    def _probe_update(self, probes: dict[str, tuple[MicroBatch, torch.Tensor, bool]]) -> dict[str, float]:
+    def _probe_update(self, probes: dict[str, tuple[MicroBatch, torch.Tensor, bool, bool]]) -> dict[str, float]:
         """``dlogp_{sign}_adv``: the mean change of log pi over each probed micro-batch's ``sign`` ("pos" | "neg")
         advantage response tokens after the update (no grad; positive ones should rise, negative ones fall); 0 when
         it has none. One forward per probed micro-batch; under ZeRO-3 one per sign, so every rank gathers alike."""
         out, after = {}, {}
-        for sign, (mb, before, _) in probes.items():
+        for sign, (mb, before, *_) in probes.items():
             key = id(mb) if self.zero_stage != 3 else sign
             if key not in after:
                 with torch.no_grad(), self._compute():
