@@ -150,3 +150,38 @@ def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_th
     assert groups[0][1] < at["build_demos end"][1]  # the SFT ranks started before the demos were done
     assert isinstance(bf16_2, bool) and cpus_2 == 0.5  # Stage 1's decision
     assert at["start_rollout_actors start"][2] == ("bfloat16" if bf16_2 else "float32")
+
+
+def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path, tiny_model_dir, monkeypatch):
+    """Stage 1 overlaps the retriever's deploy and the SFT ranks' start. When the demos fail, the launch raises their
+    error only once both are done and Ray is stopped: no thread of it is left to act on the stopped Ray (an earlier
+    draft raised at once, and its SFT thread went on to start a new local Ray instance)."""
+    from ziprl.actors import launch as launch_module
+
+    done: list[str] = []
+    real_group = launch_module.sft_group
+
+    def slow_deploy(*args):
+        time.sleep(3.0)
+        done.append("deploy")
+
+    def group(cfg):
+        built = real_group(cfg)
+        done.append("ranks")
+        return built
+
+    def broken_demos(cfg):
+        raise ValueError("no demo episode kept")
+
+    monkeypatch.setattr(launch_module, "deploy_retriever", slow_deploy)
+    monkeypatch.setattr(launch_module, "sft_group", group)
+    monkeypatch.setattr(launch_module, "build_demos", broken_demos)
+    cfg = load_config(None, [
+        f"run.out_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+        "model.device=cpu", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
+    ])
+    ray.init(num_cpus=2, include_dashboard=False)
+    with pytest.raises(ValueError, match="no demo episode kept"):
+        launch_module.launch(cfg, progress=False)
+    assert sorted(done) == ["deploy", "ranks"] and not ray.is_initialized()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]

@@ -42,6 +42,8 @@ def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None]:
         return cached, None
     root = stage1_dir(cfg)
     cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
+    # the ranks start and build their trainer while this process makes the demos; every path out of this block waits
+    # for them (a thread left running could act on a Ray the launch has stopped, or start a new one)
     with ThreadPoolExecutor(1) as pool:
         starting = pool.submit(sft_group, cfg1)
         try:
@@ -104,7 +106,8 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     source = push = None
     try:
         check_gpus(cfg)
-        with ThreadPoolExecutor(1) as pool:  # the retriever deploys beside Stage 1 (which leaves it its CPUs)
+        # the retriever deploys beside Stage 1 (which leaves it its CPUs); leaving the block waits for it, as above
+        with ThreadPoolExecutor(1) as pool:
             deploying = pool.submit(deploy_retriever, retriever_config_for(cfg), cfg.ray)
             model, bf16 = (Path(cfg.run.sft_checkpoint), None) if cfg.run.sft_checkpoint else run_stage1(cfg)
             print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors",
