@@ -122,11 +122,10 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         # actors then load beside the learner), else as the ranks decide it (every rank alike: same hardware)
         if cfg.learner.bf16 is not None:
             cfg = dataclasses.replace(cfg, model=resolve_engine_dtype(cfg.model, cfg.learner.bf16))
-            actors = start_rollout_actors(cfg, model, retriever)
-            ray.get(building)
         else:
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=ray.get(building)[0]))
-            actors = start_rollout_actors(cfg, model, retriever)
+        actors = start_rollout_actors(cfg, model, retriever)
+        ray.get(building)
         print(f"[launch] the rollout engines generate in {cfg.model.dtype}", flush=True)
         push = make_weight_sync(cfg, group, actors)
         source = RaySource(cfg, actors, push)

@@ -211,11 +211,12 @@ class Trainer:
                 logp, entropy = response_logprobs_and_entropy(self.engine, mb)
             t1 = self._clock()
             ref_logp = None
-            if self.ref_model is not None and self.at_reference:
-                ref_logp = logp.detach()  # the policy is the reference: its log-probs are the reference's (KL 0)
-            elif self.ref_model is not None:
-                with torch.no_grad(), self._compute():
-                    ref_logp = response_logprobs(self.ref_model, mb)
+            if self.ref_model is not None:
+                if self.at_reference:  # the policy is the reference: its log-probs are the reference's (KL 0)
+                    ref_logp = logp.detach()
+                else:
+                    with torch.no_grad(), self._compute():
+                        ref_logp = response_logprobs(self.ref_model, mb)
             t2 = self._clock()
             # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
             loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps,
@@ -230,9 +231,10 @@ class Trainer:
             # every rank probes one micro-batch per sign, so the same count on every rank (ZeRO-3 gathers
             # collectively): see takes_probe
             has = {sign: bool(_sign_tokens(mb, sign).any()) for sign in ("pos", "neg")} if lc.probe_update else {}
+            both = all(has.values())
             for sign, held in has.items():
-                if takes_probe(probes[sign][2:] if sign in probes else None, held, all(has.values())):
-                    probes[sign] = (mb, logp.detach(), held, all(has.values()))
+                if takes_probe(probes[sign][2:] if sign in probes else None, held, both):
+                    probes[sign] = (mb, logp.detach(), held, both)
             if real:
                 n = st["tokens"]
                 ent = float((entropy * mb.loss_mask).sum())
