@@ -319,6 +319,13 @@ def test_shared_prefix_layout_and_length():
     assert mb.loss_mask[0].tolist() == [0] * 4 + [1, 1, 0] and mb.loss_mask[1].tolist() == [0] * 6 + [1]
     assert computed_tokens(mb) == 3 + (3 + 4)  # the prefix once, each row's own tokens
     assert collate(rows, PAD).prefix_len == 0
+    # a prefix shared wider than these rows (a step's): a shorter one, even over one row, but never past a row's
+    # prompt or over tokens the rows do not share
+    assert collate(rows, PAD, share_prefix=True, prefix_len=2).prefix_len == 2
+    assert collate(rows[:1], PAD, share_prefix=True, prefix_len=3).prefix_len == 3
+    for bad, over in ((4, rows), (4, rows[:1])):
+        with pytest.raises(ValueError, match=f"prefix_len {bad}"):
+            collate(over, PAD, share_prefix=True, prefix_len=bad)
 
 
 @pytest.mark.parametrize("cache_kw", ["cache", "past_key_values"])

@@ -192,6 +192,39 @@ def test_the_first_step_takes_the_reference_log_probs_from_the_policy_itself(tin
     assert resumed.train_step(trajectories)["kl"] > 0 and calls
 
 
+def test_a_step_runs_the_prefix_its_turns_share_once(tiny_model_dir):
+    """Turns over five micro-batches share a prefix (the chat template's lead and "Question "): the policy and the
+    reference model each run it once per step (it was once per micro-batch), and the step equals one that shares
+    no prefix (float32): loss, KL, trained tokens and the gradient."""
+    trajectories = make_trajectories(tiny_model_dir, groups=2, group_size=3, max_turns=2, logprob_noise=0.3)
+    runs = {}
+    for share in (True, False):
+        trainer = Trainer(make_cfg(micro_batch_turns=2, beta=0.1, share_prefix=share, probe_update=False),
+                          tiny_model_dir)
+        trainer.at_reference = False  # run the reference model, as after the first update: one that differs
+        noise = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in trainer.ref_model.parameters():
+                p.add_(torch.randn(p.shape, generator=noise), alpha=0.02)
+        widths = {"policy": [], "reference": []}
+        for name, model in (("policy", trainer.engine.module), ("reference", trainer.ref_model)):
+            model.register_forward_pre_hook(
+                lambda _, args, kwargs, seen=widths[name]: seen.append(tuple(kwargs["input_ids"].shape)),
+                with_kwargs=True)
+        seen = capture_grads(trainer)
+        runs[share] = (trainer.train_step(trajectories), widths, seen[0])
+    (shared, widths, grad), (plain, plain_widths, plain_grad) = runs[True], runs[False]
+    assert shared["passes"] == plain["passes"] == 5
+    s = widths["policy"][0][1]  # the first forward runs the prefix: [1, S]
+    for name in widths:  # then one forward per micro-batch (per-micro-batch prefixes would add five more)
+        assert widths[name][0] == (1, s) and len(widths[name]) == 6 and len(plain_widths[name]) == 5, widths[name]
+    assert s > 0 and plain["computed_tokens"] - shared["computed_tokens"] == s * (9 - 1)  # 9 turns, the prefix once
+    assert shared["kl"] > 1e-4
+    for key in ("loss", "kl", "trained_tokens", "tokens"):
+        assert shared[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-8), key
+    assert grad.allclose(plain_grad, rtol=1e-4, atol=1e-6 * float(plain_grad.abs().max()))
+
+
 def test_all_zero_variance_groups_dropped_takes_no_step(tiny_model_dir):
     trainer = Trainer(make_cfg(beta=0.0, drop_zero_variance_groups=True), tiny_model_dir)
     trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=1)
@@ -267,10 +300,11 @@ def test_the_step_parts_are_timed_by_the_devices_clock(tiny_model_dir, monkeypat
     monkeypatch.setattr(trainer_module, "device_clock", lambda device: lambda: float(next(ticks)))
     trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=4, max_turns=1)
     trainer = Trainer(make_cfg(lr=1e-3, beta=0.001, micro_batch_turns=2), tiny_model_dir)
-    stats = trainer.train_step(trajectories)  # 4 turns: 2 micro-batches
+    stats = trainer.train_step(trajectories)  # 4 turns: 2 micro-batches after the step's shared prefix
     parts = ("forward", "reference", "backward", "optimizer", "probe")
-    assert [stats[f"{p}_seconds"] for p in parts] == [2.0, 2.0, 2.0, 1.0, 1.0]
-    assert stats["seconds"] == 11.0  # readings: the start, 4 per micro-batch, 2 around the optimizer, the end
+    assert [stats[f"{p}_seconds"] for p in parts] == [3.0, 3.0, 2.0, 1.0, 1.0]
+    # readings: the start, 3 around the prefix (policy, reference), 4 per micro-batch, 2 around the optimizer, the end
+    assert stats["seconds"] == 14.0
 
 
 def test_the_update_probe_reads_a_micro_batch_with_advantages(tiny_model_dir):

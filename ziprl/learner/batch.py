@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -142,10 +143,21 @@ def build_rows(
     return rows
 
 
-def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False) -> MicroBatch:
+def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False, prefix_len: int | None = None
+            ) -> MicroBatch:
     """Pad rows into one MicroBatch: each row from column 0, padding on the right; with ``share_prefix`` the rows'
-    common leading tokens are marked to run once."""
-    s = shared_prefix_len([r.input_ids[: r.response_start] for r in rows]) if share_prefix else 0
+    common leading tokens are marked to run once, or the first ``prefix_len`` (a prefix shared wider than these rows,
+    e.g. by a whole step: :class:`~ziprl.learner.prefix.StepPrefix`)."""
+    prompts = [r.input_ids[: r.response_start] for r in rows]
+    if not share_prefix:
+        s = 0
+    elif prefix_len is None:
+        s = shared_prefix_len(prompts)
+    elif all(len(p) > prefix_len and p[:prefix_len] == prompts[0][:prefix_len] for p in prompts):
+        s = prefix_len
+    else:
+        raise ValueError(f"prefix_len {prefix_len}: the rows' prompts do not all start with the same {prefix_len} "
+                         "tokens and go on past them")
     b, t = len(rows), max(len(r.input_ids) for r in rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
     attn = torch.zeros((b, t), dtype=torch.long)
@@ -225,14 +237,18 @@ def _scoring_columns(batch: MicroBatch) -> Tensor:
     return cols.clamp(max=batch.input_ids.size(1) - 1)
 
 
-def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> tuple[Tensor, Tensor]:
-    """Tempered logits [B, R, V] predicting each row's response tokens, and their [B, R] scoring columns."""
+def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float,
+                     prefix: Any = None) -> tuple[Tensor, Tensor]:
+    """Tempered logits [B, R, V] predicting each row's response tokens, and their [B, R] scoring columns; ``prefix``
+    is the KV cache of the batch's shared prefix when the caller computed it (else it is run here)."""
     if min(batch.response_starts) < 1:
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
     cols = _scoring_columns(batch)
     s = batch.prefix_len
     rows = cols - s  # the hidden states cover columns s .. T-1
-    cached = {cache_kwarg(model): prefix_cache(model, batch.input_ids[:1, :s], batch.input_ids.size(0))} if s else {}
+    if s and prefix is None:
+        prefix = prefix_cache(model, batch.input_ids[:1, :s], batch.input_ids.size(0))
+    cached = {cache_kwarg(model): prefix} if s else {}
     # the LM head reads only the scoring positions, gathered to a contiguous [B, R, H] batch
     head = getattr(model, "module", model).get_output_embeddings()
     hook = head.register_forward_pre_hook(
@@ -255,21 +271,23 @@ def _targets(batch: MicroBatch, cols: Tensor) -> Tensor:
     return batch.input_ids.gather(1, (cols + 1).clamp(max=batch.input_ids.size(1) - 1))
 
 
-def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0) -> Tensor:
+def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0,
+                      prefix: Any = None) -> Tensor:
     """[B, T] log pi(token_t | tokens_<t) at response positions, 0 elsewhere (aligned with ``loss_mask``).
 
     ``model`` is an HF causal LM (or a wrapper forwarding ``logits_to_keep`` whose ``module`` is one, e.g. a DeepSpeed
     engine);
-    logits are divided by ``temperature``, which must match how the behaviour log-probs were computed.
+    logits are divided by ``temperature``, which must match how the behaviour log-probs were computed. ``prefix``: the
+    KV cache of the batch's first ``prefix_len`` tokens, when computed already (:class:`~ziprl.learner.prefix.StepPrefix`).
     """
-    logits, cols = _response_logits(model, batch, temperature)
+    logits, cols = _response_logits(model, batch, temperature, prefix)
     return _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
 
 
 def response_logprobs_and_entropy(
-    model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0
+    model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0, prefix: Any = None
 ) -> tuple[Tensor, Tensor]:
     """As ``response_logprobs`` plus the per-position policy entropy (no grad; for logging), one forward."""
-    logits, cols = _response_logits(model, batch, temperature)
+    logits, cols = _response_logits(model, batch, temperature, prefix)
     logp = _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
     return logp, _place(entropy_from_logits(logits), cols, batch)

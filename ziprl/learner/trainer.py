@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,9 @@ from ziprl.learner.batch import (
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.hardware import GemmPeak, bf16_pays, device_clock, model_flop_utilisation
+from ziprl.learner.prefix import StepPrefix
 from ziprl.paths import atomic_dir
+from ziprl.policy.kv import shared_prefix_len
 from ziprl.policy.models import load_model, load_tokenizer, resolve_device, resolve_model_path, torch_dtype
 from ziprl.registry import ENGINES, LOSSES
 
@@ -98,6 +100,11 @@ def takes_probe(held: tuple[bool, bool] | None, has: bool, both: bool) -> bool:
     update probe of one advantage sign, micro-batches seen in order: the first with the sign's tokens, and among
     those the first holding both signs (one forward then measures both), else the first micro-batch."""
     return held is None or (has and not held[0]) or (both and not held[1])
+
+
+def _read(prefix: StepPrefix | None, mb: MicroBatch, last: bool = True) -> Any:
+    """The step prefix's KV cache for ``mb`` (None when ``mb`` runs without it: no step prefix, or a filler)."""
+    return prefix.cache(mb.input_ids.size(0), last) if prefix is not None and mb.prefix_len else None
 
 
 def _sign_tokens(mb: MicroBatch, sign: str) -> torch.Tensor:
@@ -201,14 +208,27 @@ class Trainer:
         # and the tokens the forward ran (a shared prefix once per micro-batch)
         sums = torch.zeros(9, dtype=torch.float64)
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
-        mismatch_max, probes, passes = 0.0, {}, 0
-        for mb, real in self._micro_batches(rows, lc.micro_batch_turns):
-            passes += 1
+        mismatch_max, probes = 0.0, {}
+        batches, prefix_ids = self._micro_batches(rows, lc.micro_batch_turns)
+        if before_compute is not None and prefix_ids is not None:
+            before_compute()
+        t0 = self._clock()
+        with self._compute():
+            prefix = None if prefix_ids is None else StepPrefix(self.engine, prefix_ids, grad=True)
+        t1 = self._clock()
+        ref_prefix = None
+        if prefix_ids is not None and self.ref_model is not None and not self.at_reference:
+            with self._compute():
+                ref_prefix = StepPrefix(self.ref_model, prefix_ids, grad=False)
+        clock["forward"] += t1 - t0
+        clock["reference"] += self._clock() - t1
+        for i, (mb, real) in enumerate(batches):
+            last = i == len(batches) - 1
             if before_compute is not None:
                 before_compute()
             t0 = self._clock()
             with self._compute():
-                logp, entropy = response_logprobs_and_entropy(self.engine, mb)
+                logp, entropy = response_logprobs_and_entropy(self.engine, mb, prefix=_read(prefix, mb, last))
             t1 = self._clock()
             ref_logp = None
             if self.ref_model is not None:
@@ -216,14 +236,14 @@ class Trainer:
                     ref_logp = logp.detach()
                 else:
                     with torch.no_grad(), self._compute():
-                        ref_logp = response_logprobs(self.ref_model, mb)
+                        ref_logp = response_logprobs(self.ref_model, mb, prefix=_read(ref_prefix, mb))
             t2 = self._clock()
             # Eq. (ZipRL objective), negated: -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t)
             loss, st = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps,
                                    self.tis_cap)
             if before_compute is not None:
                 before_compute()
-            self.engine.backward(loss * world_size())  # DeepSpeed averages over ranks; the weights already sum
+            self._backward(loss, prefix, last)
             t3 = self._clock()
             clock["forward"] += t1 - t0
             clock["reference"] += t2 - t1
@@ -240,8 +260,11 @@ class Trainer:
                 ent = float((entropy * mb.loss_mask).sum())
                 sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent,
                                       st["mismatch_abs_mean"] * n, st.get("tis_mean", 1.0) * n,
-                                      float(mb.attention_mask.sum()), float(computed_tokens(mb))])
+                                      float(mb.attention_mask.sum()),
+                                      float(computed_tokens(mb) - (mb.prefix_len if prefix is not None else 0))])
                 mismatch_max = max(mismatch_max, st["mismatch_abs_max"])
+        if prefix is not None:
+            sums[8] += prefix.length  # the step's prefix ran once
         lr = self.lr
         t0 = self._clock()
         grad_norm = self._optimizer_step()
@@ -261,7 +284,7 @@ class Trainer:
             "trained_tokens": trained,
             "computed_tokens": computed,
             "turns": float(len(rows)),
-            "passes": float(passes),  # forward/backward passes this rank ran (fillers included)
+            "passes": float(len(batches)),  # forward/backward passes this rank ran (fillers included)
             "policy_version": float(self.policy_version),
             "mismatch_abs_mean": gap / tokens,
             "mismatch_abs_max": mismatch_max,
@@ -335,11 +358,15 @@ class Trainer:
             for i, r in enumerate(rows)
         ]
         sums = torch.zeros(2, dtype=torch.float64)  # loss, tokens
-        for mb, real in self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns):
+        batches, prefix_ids = self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns)
+        with self._compute():
+            prefix = None if prefix_ids is None else StepPrefix(self.engine, prefix_ids, grad=True)
+        for i, (mb, real) in enumerate(batches):
+            last = i == len(batches) - 1
             with self._compute():
-                logp = response_logprobs(self.engine, mb)
+                logp = response_logprobs(self.engine, mb, prefix=_read(prefix, mb, last))
             loss = -(mb.weight * logp * mb.loss_mask).sum()
-            self.engine.backward(loss * world_size())
+            self._backward(loss, prefix, last)
             if real:
                 sums += torch.tensor([loss.item(), float(mb.loss_mask.sum())])
         lr = self.lr
@@ -348,11 +375,23 @@ class Trainer:
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
                 "seconds": self._clock() - start}
 
-    def _micro_batches(self, rows: list[TurnRow], size: int) -> Iterator[tuple[MicroBatch, bool]]:
-        """This rank's micro-batches on the device; yields (micro-batch, is_real).
+    def _backward(self, loss: torch.Tensor, prefix: StepPrefix | None, last: bool) -> None:
+        """One micro-batch's backward, its loss scaled by the ranks (DeepSpeed averages over them; the weights already
+        sum); the step's last one also runs its shared prefix's backward (:class:`StepPrefix`)."""
+        self.engine.backward(loss * world_size() + (prefix.carried() if prefix is not None and last else 0.0))
+        if prefix is not None and not last:
+            prefix.collect()
+
+    def _micro_batches(self, rows: list[TurnRow], size: int
+                       ) -> tuple[list[tuple[MicroBatch, bool]], torch.Tensor | None]:
+        """This rank's micro-batches on the device as (micro-batch, is_real), and the ``[1, S]`` prefix all its rows
+        share when it has more than one micro-batch to run it once for (:class:`StepPrefix`; None: each micro-batch
+        runs its own shared prefix, if any).
 
         Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
         then rank r takes rows ``r::R``; a rank with fewer micro-batches than another runs zero-weight fillers.
+        Under ZeRO-3 each micro-batch runs its own prefix: a step-long prefix graph would hold parameters ZeRO-3
+        releases after every forward.
         """
         r, world = rank(), world_size()
         rows = sorted(rows, key=lambda row: len(row.input_ids))
@@ -361,13 +400,15 @@ class Trainer:
         tokens = self.cfg.learner.micro_batch_tokens
         plans = [micro_batch_bounds(lengths[k::world], size, tokens) for k in range(world)]
         mine = rows[r::world]
-        batches = [(collate(mine[s:e], self.pad_id, self.share_prefix), True) for s, e in plans[r]]
+        step = self.share_prefix and len(plans[r]) > 1 and self.zero_stage != 3
+        s = shared_prefix_len([row.input_ids[: row.response_start] for row in mine]) if step else 0
+        batches = [(collate(mine[a:b], self.pad_id, self.share_prefix, s or None), True) for a, b in plans[r]]
         missing = max(map(len, plans)) - len(batches)
         if missing:
             filler = collate([dataclasses.replace(rows[0], weight=0.0)], self.pad_id)
             batches += [(filler, False)] * missing
-        for mb, real in batches:
-            yield mb.to(self.device), real
+        prefix = torch.tensor([mine[0].input_ids[:s]], device=self.device) if s else None
+        return [(mb.to(self.device), real) for mb, real in batches], prefix
 
     def _optimizer_step(self) -> float:
         """engine.step(): reduce, clip, AdamW update, LR schedule. Returns the pre-clip gradient norm."""
