@@ -106,12 +106,22 @@ def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
 def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_the_learner(tmp_path, tiny_model_dir,
                                                                                           monkeypatch):
     """Stage 1 then one RL step on a local 2-CPU cluster, its set-up overlapped: the retriever deploys beside Stage 1,
-    whose ranks ask for the CPUs it leaves (and run on every core); the SFT ranks start building their trainer
-    before the demos are done; Stage 2's learner takes Stage 1's bf16 decision, so the rollout actors start in the
+    whose ranks ask for a Stage 2 rank's CPUs (leaving the retriever its own) and run on every core; the SFT ranks
+    start building their trainer before the demos are done; Stage 2 trains on the same ranks (no new processes), in
+    its own configuration and thread count, with Stage 1's bf16 decision, so the rollout actors start in the
     engines' dtype without waiting for the learner build."""
     from ziprl.actors import launch as launch_module
+    from ziprl.actors.learner_actor import LearnerGroup
 
     events: list[tuple] = []
+    starts: list[tuple] = []
+    real_start = LearnerGroup.start
+
+    def start(self, method, *args):
+        starts.append((method, *args))
+        return real_start(self, method, *args)
+
+    monkeypatch.setattr(LearnerGroup, "start", start)
 
     def spy(name, record):
         real = getattr(launch_module, name)
@@ -143,13 +153,17 @@ def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_th
     assert list((tmp_path / "cache" / "stage1").glob("*/model/config.json"))
 
     at = {e[0]: e for e in events}
-    groups = [e for e in events if e[0] == "LearnerGroup start"]
-    (_, _, bf16_1, cpus_1, threads_1), (_, _, bf16_2, cpus_2, _) = groups
+    (group,) = [e for e in events if e[0] == "LearnerGroup start"]  # Stage 2 goes on with Stage 1's ranks
+    _, started, bf16_1, cpus_1, threads_1 = group
     assert bf16_1 is None and threads_1 == 2  # Stage 1 runs on both cores ...
-    assert cpus_1 + at["deploy_retriever start"][2] <= 2.0  # ... and leaves the retriever its CPUs
-    assert groups[0][1] < at["build_demos end"][1]  # the SFT ranks started before the demos were done
-    assert isinstance(bf16_2, bool) and cpus_2 == 0.5  # Stage 1's decision
-    assert at["start_rollout_actors start"][2] == ("bfloat16" if bf16_2 else "float32")
+    assert cpus_1 == 0.5 and cpus_1 + at["deploy_retriever start"][2] <= 2.0  # ... and leaves the retriever its CPUs
+    assert started < at["build_demos end"][1]  # the SFT ranks started before the demos were done
+    assert [s[0] for s in starts][:3] == ["build_sft_trainer", "sft", "build_trainer"]  # one group, both stages
+    _, model, cfg2, threads_2 = starts[2]
+    assert [model] == [str(p) for p in (tmp_path / "cache" / "stage1").glob("*/model")]
+    assert threads_2 == 1 and cfg2["demos"]["out"] == cfg.demos.out  # Stage 2's configuration, not Stage 1's
+    assert isinstance(cfg2["learner"]["bf16"], bool)  # Stage 1's decision
+    assert at["start_rollout_actors start"][2] == ("bfloat16" if cfg2["learner"]["bf16"] else "float32")
 
 
 def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path, tiny_model_dir, monkeypatch):

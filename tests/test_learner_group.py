@@ -15,7 +15,7 @@ from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.weight_buckets import unpack
 from ziprl.config import ConfigError, load_config
 from ziprl.env.trajectory import to_table
-from ziprl.learner.trainer import Trainer
+from ziprl.learner.trainer import Trainer, warmup_factor
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
 
@@ -78,6 +78,32 @@ def test_a_learner_rank_sends_its_compute_dtype_under_auto_engine_dtype(tiny_mod
     assert worker.cfg.model.dtype == "auto"
     assert worker.build_trainer(str(tiny_model_dir)) == wire
     assert {dtype for _, dtype, _ in worker.weight_metas()} == {wire}
+
+
+def test_a_stage1_rank_goes_on_as_a_stage2_rank(tiny_model_dir):
+    """On CPUs Stage 2 trains on Stage 1's ranks: ``build_trainer`` frees the SFT trainer before it loads, and takes
+    Stage 2's configuration and thread count."""
+    import weakref
+
+    import torch
+
+    from ziprl.actors.learner_actor import LearnerWorker
+
+    base = torch.get_num_threads()
+    try:
+        stage1 = make_cfg()
+        stage1.model.path = str(tiny_model_dir)
+        worker = LearnerWorker(stage1.to_dict(), 2)
+        assert torch.get_num_threads() == 2 and worker.build_sft_trainer() is False
+        sft = weakref.ref(worker.trainer)
+        assert sft().ref_model is None  # SFT has no KL term
+        stage2 = make_cfg(beta=0.1, lr=3e-4)
+        assert worker.build_trainer(str(tiny_model_dir), stage2.to_dict(), 1) == "float32"
+        assert sft() is None and torch.get_num_threads() == 1
+        assert worker.cfg.learner == stage2.learner and worker.trainer.ref_model is not None
+        assert worker.trainer.lr == pytest.approx(3e-4 * warmup_factor(stage2.learner.warmup_steps)(0))  # Stage 2's
+    finally:
+        torch.set_num_threads(base)
 
 
 def test_a_step_takes_the_idle_cores_once_the_rollouts_finish_then_gives_them_back(cluster, tiny_model_dir):

@@ -33,13 +33,14 @@ from ziprl.rundir import write_config
 from ziprl.tb import MetricsLogger
 
 
-def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None]:
+def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None, LearnerGroup | None]:
     """Demo synthesis + SFT (on the learner ranks, which build their trainer while the demos are made), cached;
-    returns the SFT model directory and whether the SFT learner computed in bf16 (None when the cache answered)."""
+    returns the SFT model directory, whether the SFT learner computed in bf16 (None when the cache answered) and
+    the ranks when Stage 2 goes on with them (:func:`keeps_ranks`; None when the cache answered)."""
     cached = cached_stage1(cfg)
     if cached is not None:
         print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)
-        return cached, None
+        return cached, None, None
     root = stage1_dir(cfg)
     cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
     # the ranks start and build their trainer while this process makes the demos; every path out of this block waits
@@ -57,9 +58,20 @@ def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None]:
             raise
         group, bf16 = starting.result()
     try:
-        return Path(group.call("sft", str(path), str(root))), bf16
-    finally:
+        model = Path(group.call("sft", str(path), str(root)))
+    except BaseException:
         group.shutdown()
+        raise
+    if keeps_ranks(cfg):
+        return model, bf16, group
+    group.shutdown()
+    return model, bf16, None
+
+
+def keeps_ranks(cfg: ZipRLConfig) -> bool:
+    """Whether Stage 2 trains on Stage 1's ranks (their processes, imports and process group already up): on CPUs.
+    A GPU learner starts new ranks, whose GPU memory holds nothing of Stage 1's."""
+    return not cfg.ray.learner_gpus
 
 
 def cached_stage1(cfg: ZipRLConfig) -> Path | None:
@@ -80,14 +92,11 @@ def sft_group(cfg: ZipRLConfig) -> tuple[LearnerGroup, bool]:
 
 
 def stage1_cpus(cfg: ZipRLConfig) -> tuple[float, int]:
-    """(CPUs a Stage 1 learner rank asks Ray for, torch threads it runs). On a local cluster nothing else computes
-    during SFT: each rank runs on its share of every core, and asks for its share of what the retriever, deploying
-    meanwhile, leaves. On a joined cluster: ``ray.learner_cpus``."""
+    """(CPUs a Stage 1 learner rank asks Ray for, torch threads it runs). It asks for ``ray.learner_cpus``, as a
+    Stage 2 rank (Stage 2 may go on with it), which leaves the retriever, deploying meanwhile, its CPUs. On a local
+    cluster nothing else computes during SFT: each rank runs on its share of every core."""
     share = local_core_share(cfg)
-    if share is None:
-        return cfg.ray.learner_cpus, max(1, int(cfg.ray.learner_cpus))
-    left = ray.cluster_resources().get("CPU", 1.0) - cfg.ray.retriever_cpus * cfg.ray.retriever_replicas
-    return max(0.01, left / cfg.ray.learner_ranks), max(1, int(share))
+    return cfg.ray.learner_cpus, max(1, int(cfg.ray.learner_cpus if share is None else share))
 
 
 def local_core_share(cfg: ZipRLConfig) -> float | None:
@@ -109,14 +118,16 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         # the retriever deploys beside Stage 1 (which leaves it its CPUs); leaving the block waits for it, as above
         with ThreadPoolExecutor(1) as pool:
             deploying = pool.submit(deploy_retriever, retriever_config_for(cfg), cfg.ray)
-            model, bf16 = (Path(cfg.run.sft_checkpoint), None) if cfg.run.sft_checkpoint else run_stage1(cfg)
+            model, bf16, group = (Path(cfg.run.sft_checkpoint), None, None) if cfg.run.sft_checkpoint else run_stage1(cfg)
             print(f"[launch] Stage 2: GRPO + HRR from {model} with {cfg.ray.num_rollout_actors} rollout actors",
                   flush=True)
             cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
             if cfg.learner.bf16 is None and bf16 is not None:  # else as Stage 1's learner decided on this hardware
                 cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, bf16=bf16))
-            group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
-            building = group.start("build_trainer", str(model))  # the ranks load the model, the retriever may deploy
+            if group is None:
+                group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
+            # the ranks load the model (Stage 1's ranks: in Stage 2's configuration), the retriever may deploy
+            building = group.start("build_trainer", str(model), cfg.to_dict(), max(1, int(cfg.ray.learner_cpus)))
             retriever = deploying.result()
         # the engines generate in the learner's dtype when model.dtype=auto: known here once learner.bf16 is set (the
         # actors then load beside the learner), else as the ranks decide it (every rank alike: same hardware)

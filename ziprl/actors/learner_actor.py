@@ -12,6 +12,7 @@ possible) and rendezvous at rank 0: on 127.0.0.1 when every rank shares its node
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import socket
 from collections.abc import Callable
@@ -56,11 +57,20 @@ class LearnerWorker(SendsWeights):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
 
-    def build_trainer(self, model_path: str) -> str:
+    def build_trainer(self, model_path: str, cfg: dict[str, Any] | None = None, num_threads: int | None = None) -> str:
         """The RL trainer over ``model_path``; returns the engines' dtype (``model.dtype``, auto resolved to this
-        learner's compute dtype; it is also the weights' wire dtype)."""
+        learner's compute dtype; it is also the weights' wire dtype). A rank that ran Stage 1 takes Stage 2's ``cfg``
+        and ``num_threads``, and frees its SFT trainer first."""
+        import torch
+
         from ziprl.learner.trainer import Trainer
 
+        if cfg is not None:
+            self.cfg = from_dict(ZipRLConfig, cfg)
+        if num_threads is not None:
+            torch.set_num_threads(max(1, num_threads))
+        self.trainer = None
+        gc.collect()  # the SFT trainer's weights and optimizer state go before the RL trainer's load
         self.trainer = Trainer(self.cfg, model_path)
         self.cfg = dataclasses.replace(self.cfg, model=resolve_engine_dtype(self.cfg.model, self.trainer.bf16))
         return self.cfg.model.dtype
