@@ -106,6 +106,45 @@ def test_a_stage1_rank_goes_on_as_a_stage2_rank(tiny_model_dir):
         torch.set_num_threads(base)
 
 
+def test_a_background_checkpoint_is_written_beside_the_next_step_and_waited_for(tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    """``save_checkpoint(background=True)`` with ``run.background_checkpoints`` on (by default only on a GPU learner)
+    copies the trainer and returns; the write runs in a thread while the next step trains. The checkpoint holds the
+    weights of when it was taken, the next save or load waits for it, and a write that failed raises there."""
+    import threading
+
+    from ziprl.actors.learner_actor import LearnerWorker
+    from ziprl.learner import checkpoint
+
+    cfg = make_cfg(lr=1e-2, beta=0.0)
+    worker = LearnerWorker(cfg.to_dict())
+    worker.build_trainer(str(tiny_model_dir))
+    trajectories = make_trajectories(tiny_model_dir, groups=1, group_size=2, max_turns=2, logprob_noise=0.3)
+    at_once = Path(worker.save_checkpoint(str(tmp_path / "cpu"), {"index": 0}, background=True))
+    assert at_once.is_dir() and worker._writing is None  # by default a CPU learner writes at once
+    cfg.run.background_checkpoints = True
+    worker.build_trainer(str(tiny_model_dir), cfg.to_dict())
+    worker.train_step([to_table(trajectories)])
+    taken = worker.trainer.named_weights_numpy()
+
+    release, real_write = threading.Event(), checkpoint.write_snapshot
+    monkeypatch.setattr(checkpoint, "write_snapshot", lambda snap: (release.wait(30), real_write(snap))[1])
+    first = Path(worker.save_checkpoint(str(tmp_path), {"index": 1}, background=True))
+    assert not first.exists() and worker._writing is not None  # still writing (held back) ...
+    worker.train_step([to_table(trajectories)])  # ... while the next step trains
+    release.set()
+    assert worker.load_latest(str(tmp_path)) == {"index": 1}  # the load waited for the write
+    assert (first.parent / "latest").read_text().strip() == first.name
+    loaded = worker.trainer.named_weights_numpy()
+    assert all(np.array_equal(loaded[k], taken[k]) for k in taken)  # the weights of when it was taken
+
+    monkeypatch.setattr(checkpoint, "write_snapshot", lambda snap: (_ for _ in ()).throw(OSError("disk full")))
+    worker.save_checkpoint(str(tmp_path), {"index": 2}, background=True)
+    with pytest.raises(OSError, match="disk full"):
+        worker.save_checkpoint(str(tmp_path), {"index": 3})
+    assert worker._writing is None and (first.parent / "latest").read_text().strip() == first.name
+
+
 def test_a_step_takes_the_idle_cores_once_the_rollouts_finish_then_gives_them_back(cluster, tiny_model_dir):
     """The launch's learner rank keeps one thread while rollout actors share its cores; once no rollout runs (checked
     before every forward and every backward), the rest of its step runs on the local cluster's idle cores, which it gives
@@ -128,10 +167,10 @@ def test_a_step_takes_the_idle_cores_once_the_rollouts_finish_then_gives_them_ba
             return len(polled) == 4
 
         stats = worker.train_step([table], idle=(2, rollouts_idle))
-        phases = 2 * stats["passes"]  # a forward and a backward each
-        assert phases >= 8
+        phases = 1 + 2 * stats["passes"]  # the step's shared-prefix forward, then a forward and a backward each
+        assert phases >= 9
         assert polled == [1, 1, 1, 1]  # polled on one thread until it turned true, then never again
-        assert stats["cpu_threads"] == 2.0 and stats["idle_core_phases"] == phases - 3  # from that backward on
+        assert stats["cpu_threads"] == 2.0 and stats["idle_core_phases"] == phases - 3  # from that forward on
         assert torch.get_num_threads() == 1  # given back
         assert worker.train_step([table], idle=(2, lambda: True))["idle_core_phases"] == phases
         busy = worker.train_step([table], idle=(2, lambda: False))

@@ -69,7 +69,8 @@ class CountingLearner:
         self.version += 1
         return {"loss": 0.0}
 
-    def save_checkpoint(self, out_dir: Path, position):
+    def save_checkpoint(self, out_dir: Path, position, background=False):
+        self.saves = [*getattr(self, "saves", []), background]
         return str(out_dir)
 
     def load_latest(self, out_dir: Path):
@@ -93,6 +94,7 @@ def test_the_loop_pushes_every_new_version_and_trains_on_it(tmp_path):
     assert learner.trained == [{0}, {1}, {2}]  # on-policy: every step trains the version pushed before it
     assert learner.idle == [True, True, True]  # on-policy: no rollout runs while the learner trains
     assert [s for s, _ in logger.steps] == [1, 2, 3]
+    assert learner.saves == [True, True, False]  # written beside the next step; the run's last whole on return
     assert metrics["perf/weight_push_bytes"] == 8.0 and metrics["system/staleness"] == 0.0
 
 

@@ -294,6 +294,10 @@ class RunConfig:
     out_dir: str = opt("runs/default", "directory of the run's checkpoints, TensorBoard logs and trajectories.")
     checkpoint_every: int = opt(1, "save a checkpoint every this many learner steps (and after the last).")
     keep_checkpoints: int = opt(2, "checkpoints kept (the newest); 0 = all (e.g. to evaluate each one later).")
+    background_checkpoints: bool | None = opt(None, "launch: write a checkpoint in a thread while the next step "
+                                                    "trains (the next checkpoint or resume waits for it). null = on "
+                                                    "a GPU learner, off on a CPU one, whose step the write's copies "
+                                                    "slow (a wash on 2 cores).")
     resume: bool = opt(False, "continue from the newest checkpoint under out_dir.")
     sft_checkpoint: str | None = opt(None, "a Stage 1 model directory: skip the cold start and train from it.")
 

@@ -77,8 +77,8 @@ class RayLearner:
         self._version = int(learn["policy_version"])
         return learn
 
-    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str:
-        return self.group.call("save_checkpoint", str(out_dir), position)
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
+        return self.group.call("save_checkpoint", str(out_dir), position, background)
 
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
         position = self.group.call("load_latest", str(out_dir))

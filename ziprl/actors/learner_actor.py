@@ -16,6 +16,7 @@ import gc
 import os
 import socket
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +40,8 @@ class LearnerWorker(SendsWeights):
         torch.set_num_threads(max(1, num_threads))
         self.cfg: ZipRLConfig = from_dict(ZipRLConfig, cfg)
         self.trainer = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")  # background checkpoint writes
+        self._writing: Future | None = None
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
@@ -100,7 +103,7 @@ class LearnerWorker(SendsWeights):
         ``idle`` = (threads, rollouts_idle): from the first forward or backward before which ``rollouts_idle()`` is
         true, the step runs on ``threads`` torch threads (the cores the rollouts left idle), given back after it.
         Logs the threads it ended on (``cpu_threads``) and how many forwards and backwards ran on the idle cores
-        (``idle_core_phases``, two per pass).
+        (``idle_core_phases``: two per pass, and the step's shared-prefix forward).
         """
         import torch
 
@@ -133,15 +136,39 @@ class LearnerWorker(SendsWeights):
         return WeightSource(list(t.engine.module.named_parameters()), lambda ps: t.gathered(params=ps), t.device,
                             rank(), t.zero_stage == 3, t.policy_version)
 
-    def save_checkpoint(self, out_dir: str, data_position: dict[str, Any]) -> str:
-        from ziprl.learner.checkpoint import save_checkpoint
+    def save_checkpoint(self, out_dir: str, data_position: dict[str, Any], background: bool = False) -> str:
+        """Checkpoint the trainer; returns the checkpoint's path. With ``background`` (and ``run.background_checkpoints``
+        on: by default on a GPU learner) rank 0 writes it in a thread while the next step runs (the copy is taken
+        now); the next save or load waits for that write and raises its error, if any. ``latest`` names it once it
+        is whole."""
+        from ziprl.learner.checkpoint import save_checkpoint, snapshot, write_snapshot
+        from ziprl.learner.distributed import rank
 
-        return str(save_checkpoint(self.trainer, out_dir, data_position))
+        self.finish_writes()
+        allowed = self.cfg.run.background_checkpoints
+        if not background or not (self.trainer.device.type == "cuda" if allowed is None else allowed):
+            return str(save_checkpoint(self.trainer, out_dir, data_position))
+        snap = snapshot(self.trainer, out_dir, data_position)
+        if rank() == 0:
+            self._writing = self._writer.submit(write_snapshot, snap)
+        return str(snap.path)
+
+    def finish_writes(self) -> None:
+        """Wait for a background checkpoint write, re-raising its error."""
+        pending, self._writing = self._writing, None
+        if pending is not None:
+            pending.result()
 
     def load_latest(self, out_dir: str) -> dict[str, Any] | None:
         """Resume from the newest checkpoint under ``out_dir``; returns its data position (None if none)."""
-        from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
+        import torch
 
+        from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
+        from ziprl.learner.distributed import world_size
+
+        self.finish_writes()
+        if world_size() > 1:
+            torch.distributed.barrier()  # rank 0's background write is whole before any rank reads
         ckpt = latest_checkpoint(out_dir)
         return None if ckpt is None else load_checkpoint(self.trainer, ckpt)
 

@@ -60,9 +60,31 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
     ``data_position`` is an opaque JSON-serialisable dict (e.g. dataset cursor and epoch) handed back by
     :func:`load_checkpoint`. Every rank must call this (ZeRO gathers are collective); rank 0 writes.
     """
+    snap = snapshot(trainer, out_dir, data_position, keep)
+    if rank() == 0:
+        write_snapshot(snap)
+    if world_size() > 1:
+        torch.distributed.barrier()
+    return snap.path
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint copied out of the trainer (:func:`snapshot`), for :func:`write_snapshot` to write at once or in
+    a thread while training goes on: nothing in it changes with the trainer."""
+
+    path: Path  # <out>/checkpoints/step_<n>-<id>
+    files: dict[str, dict[str, torch.Tensor]]  # safetensors file name -> its tensors
+    state_json: str
+    keep: int
+
+
+def snapshot(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = None
+             ) -> Snapshot:
+    """The trainer's checkpoint content, copied (see :func:`save_checkpoint`; every rank calls it: ZeRO gathers are
+    collective)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    root = Path(out_dir) / "checkpoints"
     module, base = trainer.engine.module, trainer.optimizer
     weights, moments = {}, {}
     for name, p in module.named_parameters():
@@ -93,21 +115,22 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
     rng = {"torch": torch.get_rng_state(), "numpy_key": torch.from_numpy(np_state[1].astype(np.int64))}
     if torch.cuda.is_available():
         rng.update({f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    path = Path(out_dir) / "checkpoints" / f"step_{trainer.global_step}-{uuid.uuid4().hex[:8]}"
+    files = {"model.safetensors": weights, "optimizer.safetensors": moments, "rng.safetensors": rng}
+    return Snapshot(path, files, json.dumps(state, indent=1),
+                    trainer.cfg.run.keep_checkpoints if keep is None else keep)
 
-    final = root / f"step_{trainer.global_step}-{uuid.uuid4().hex[:8]}"
-    if rank() == 0:
-        with atomic_dir(final) as tmp:
-            save_file(weights, tmp / "model.safetensors")
-            save_file(moments, tmp / "optimizer.safetensors")
-            save_file(rng, tmp / "rng.safetensors")
-            (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        atomic_write_text(root / LATEST, final.name + "\n")
-        keep = trainer.cfg.run.keep_checkpoints if keep is None else keep
-        if keep:
-            prune(root, keep)
-    if world_size() > 1:
-        torch.distributed.barrier()
-    return final
+
+def write_snapshot(snap: Snapshot) -> Path:
+    """Write ``snap`` beside its place, fsync and rename it there, point ``latest`` at it and prune (rank 0)."""
+    with atomic_dir(snap.path) as tmp:
+        for name, tensors in snap.files.items():
+            save_file(tensors, tmp / name)
+        (tmp / "state.json").write_text(snap.state_json)
+    atomic_write_text(snap.path.parent / LATEST, snap.path.name + "\n")
+    if snap.keep:
+        prune(snap.path.parent, snap.keep)
+    return snap.path
 
 
 def prune(root: Path, keep: int) -> None:

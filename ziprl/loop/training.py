@@ -40,7 +40,10 @@ class Learner(Protocol):
         sharing cores with the rollout workers may then take theirs, for the rest of the step."""
         ...
 
-    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str: ...
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
+        """Checkpoint; with ``background`` the write may go on beside the next step (the next save or load waits
+        for it), else it is whole on return."""
+        ...
 
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None: ...
 
@@ -60,9 +63,10 @@ class LocalLearner:
         # generation runs in this process too, never beside the step: its threads are already the process's
         return {**self.trainer.train_step(trajectories), "rss_peak_mb": peak_rss_mb()}
 
-    def save_checkpoint(self, out_dir: Path, position: dict[str, Any]) -> str:
+    def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
         from ziprl.learner.checkpoint import save_checkpoint
 
+        # in this process a write thread would take the cores generation and the step use: written at once
         return str(save_checkpoint(self.trainer, out_dir, position))
 
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
@@ -130,7 +134,8 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         t2 = time.perf_counter()
         save_trajectories(trajs, out / "trajectories" / f"step_{version:06d}.parquet")
         if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
-            learner.save_checkpoint(out, sched.position)
+            # written beside the next step; the run's last checkpoint is whole before the loop returns
+            learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
         timings = {"train": t1 - t0, "push": t2 - t1, "save": time.perf_counter() - t2}
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
