@@ -17,7 +17,8 @@ already hold the batch normalisation (``losses.token_weight``), so the losses ar
 the number of micro-batches. With R data-parallel ranks every rank is handed the whole batch, computes the
 same rows and weights, trains on rows ``rank::R`` (padded to the same number of micro-batches, since ZeRO's
 collectives need every rank to run as many passes) and scales its loss by R, because DeepSpeed averages the
-gradients over ranks.
+gradients over ranks. The leading tokens all of a rank's turns share (the system prompt) run once per step, for the
+policy and the reference model (:class:`~ziprl.learner.prefix.StepPrefix`; once per micro-batch under ZeRO-3).
 
 Batch size: :meth:`Trainer.train_step` is ONE optimiser step over the trajectories it is given. The paper's
 global batch (64 questions x G trajectories) is what the caller hands it: ``learner.global_batch_questions``
