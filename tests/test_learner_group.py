@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
-from ziprl.actors.driver import RefsFinished, check_gpus
+from ziprl.actors.driver import RefsFinished, check_resources
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.weight_buckets import unpack
 from ziprl.config import ConfigError, load_config
@@ -62,11 +62,23 @@ def test_a_group_the_cluster_cannot_place_fails_before_any_work(cluster):
 def test_asking_for_gpus_a_local_cluster_lacks_fails_before_any_work(cluster, capsys):
     cfg = load_config(None, ["ray.num_rollout_actors=4", "ray.rollout_gpus=0.5"])
     with pytest.raises(ConfigError, match=r"asks for 2 GPUs .* the cluster has 0"):
-        check_gpus(cfg)
+        check_resources(cfg)
     cfg.ray.address = "auto"  # a joined cluster may still scale up: only a warning
-    check_gpus(cfg)
+    check_resources(cfg)
     assert "until the autoscaler adds GPUs" in capsys.readouterr().err
-    check_gpus(load_config(None, []))  # the CPU defaults ask for none
+    check_resources(load_config(None, []))  # the CPU defaults ask for none
+
+
+def test_learner_and_retriever_cpus_a_local_cluster_lacks_fail_before_any_work(cluster):
+    """The Stage 1 ranks (kept for Stage 2) and the retriever deploy at once: asking for the whole local cluster would
+    leave one of them waiting for the other for ever (and the rollout actors nothing), so it is refused first."""
+    for over in (["ray.learner_cpus=2"], ["ray.learner_cpus=1.5", "ray.retriever_cpus=0.5"]):
+        with pytest.raises(ConfigError, match=r"ask for 2(.5)? CPUs .* this local cluster has 2, .* lower ray.learner_cpus"):
+            check_resources(load_config(None, over))
+    check_resources(load_config(None, ["ray.learner_cpus=1.5", "ray.retriever_cpus=0.25"]))
+    joined = load_config(None, ["ray.learner_cpus=2"])
+    joined.ray.address = "auto"  # a joined cluster may grow
+    check_resources(joined)
 
 
 @pytest.mark.parametrize(("bf16", "wire"), [(True, "bfloat16"), (False, "float32")])

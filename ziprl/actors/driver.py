@@ -41,22 +41,29 @@ def rollout_cpus(cfg: ZipRLConfig) -> float:
     return max(0.01, min(want, left / cfg.ray.num_rollout_actors))
 
 
-def check_gpus(cfg: ZipRLConfig) -> None:
-    """Before any work: the GPUs the learner ranks and rollout actors ask for must be in the cluster.
+def check_resources(cfg: ZipRLConfig) -> None:
+    """Before any work: the GPUs the learner ranks and rollout actors ask for must be in the cluster, and on a local
+    cluster the learner ranks' and the retriever's CPUs too (the rollout actors take what they leave).
 
-    A local cluster cannot grow: ConfigError. A joined one may still scale up: a warning.
+    A local cluster cannot grow: ConfigError. A joined one may still scale up: a warning (GPUs only).
     """
     r = cfg.ray
     want = r.learner_ranks * r.learner_gpus + r.num_rollout_actors * r.rollout_gpus
     have = ray.cluster_resources().get("GPU", 0.0)
-    if want <= have + 1e-9:
-        return
-    msg = (f"the run asks for {want:g} GPUs ({r.learner_ranks} learner ranks x {r.learner_gpus:g} + "
-           f"{r.num_rollout_actors} rollout actors x {r.rollout_gpus:g}) and the cluster has {have:g}; lower "
-           "ray.num_rollout_actors, ray.rollout_gpus, ray.learner_ranks or ray.learner_gpus")
-    if r.address is None:
-        raise ConfigError(msg)
-    print(f"[launch] warning: {msg}; until the autoscaler adds GPUs the actors wait", file=sys.stderr, flush=True)
+    if want > have + 1e-9:
+        msg = (f"the run asks for {want:g} GPUs ({r.learner_ranks} learner ranks x {r.learner_gpus:g} + "
+               f"{r.num_rollout_actors} rollout actors x {r.rollout_gpus:g}) and the cluster has {have:g}; lower "
+               "ray.num_rollout_actors, ray.rollout_gpus, ray.learner_ranks or ray.learner_gpus")
+        if r.address is None:
+            raise ConfigError(msg)
+        print(f"[launch] warning: {msg}; until the autoscaler adds GPUs the actors wait", file=sys.stderr, flush=True)
+    cpus = r.learner_ranks * r.learner_cpus + r.retriever_replicas * r.retriever_cpus
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if r.address is None and cpus >= total - 1e-9:  # the learner ranks and the retriever are placed at once
+        raise ConfigError(
+            f"the learner ranks and the retriever ask for {cpus:g} CPUs ({r.learner_ranks} x {r.learner_cpus:g} + "
+            f"{r.retriever_replicas} x {r.retriever_cpus:g}) and this local cluster has {total:g}, leaving none to "
+            "the rollout actors; lower ray.learner_cpus or ray.retriever_cpus")
 
 
 class RayLearner:

@@ -17,7 +17,7 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from ziprl.actors.driver import RayLearner, RaySource, check_gpus, start_rollout_actors
+from ziprl.actors.driver import RayLearner, RaySource, check_resources, start_rollout_actors
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
@@ -114,7 +114,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     logger = MetricsLogger(out)
     source = push = None
     try:
-        check_gpus(cfg)
+        check_resources(cfg)
         # the retriever deploys beside Stage 1 (which leaves it its CPUs); leaving the block waits for it, as above
         with ThreadPoolExecutor(1) as pool:
             deploying = pool.submit(deploy_retriever, retriever_config_for(cfg), cfg.ray)

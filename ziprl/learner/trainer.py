@@ -206,7 +206,7 @@ class Trainer:
             return {**stats, **self._zero_gradient_step(rows), "seconds": self._clock() - start}
 
         # per token sums: loss, tokens, clipped, kl, entropy, |mismatch|, tis weight; then trained (real) tokens
-        # and the tokens the forward ran (a shared prefix once per micro-batch)
+        # and the tokens the forward ran (a shared prefix once per step, or per micro-batch)
         sums = torch.zeros(9, dtype=torch.float64)
         clock = dict.fromkeys(("forward", "reference", "backward", "optimizer"), 0.0)
         mismatch_max, probes = 0.0, {}
