@@ -20,6 +20,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 
 from ziprl.actors.learner_actor import LearnerGroup
+from ziprl.actors.ray_utils import cpu_threads
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
 from ziprl.actors.weight_sync import WeightSync
 from ziprl.config import ConfigError, ZipRLConfig
@@ -47,9 +48,9 @@ def check_resources(cfg: ZipRLConfig) -> None:
 
     A local cluster cannot grow: ConfigError. A joined one may still scale up: a warning (GPUs only).
     """
-    r = cfg.ray
+    r, resources = cfg.ray, ray.cluster_resources()
     want = r.learner_ranks * r.learner_gpus + r.num_rollout_actors * r.rollout_gpus
-    have = ray.cluster_resources().get("GPU", 0.0)
+    have = resources.get("GPU", 0.0)
     if want > have + 1e-9:
         msg = (f"the run asks for {want:g} GPUs ({r.learner_ranks} learner ranks x {r.learner_gpus:g} + "
                f"{r.num_rollout_actors} rollout actors x {r.rollout_gpus:g}) and the cluster has {have:g}; lower "
@@ -58,7 +59,7 @@ def check_resources(cfg: ZipRLConfig) -> None:
             raise ConfigError(msg)
         print(f"[launch] warning: {msg}; until the autoscaler adds GPUs the actors wait", file=sys.stderr, flush=True)
     cpus = r.learner_ranks * r.learner_cpus + r.retriever_replicas * r.retriever_cpus
-    total = ray.cluster_resources().get("CPU", 0.0)
+    total = resources.get("CPU", 0.0)
     if r.address is None and cpus >= total - 1e-9:  # the learner ranks and the retriever are placed at once
         raise ConfigError(
             f"the learner ranks and the retriever ask for {cpus:g} CPUs ({r.learner_ranks} x {r.learner_cpus:g} + "
@@ -98,7 +99,7 @@ def start_rollout_actors(cfg: ZipRLConfig, model_path: Path, retriever: Any) -> 
     cpus = rollout_cpus(cfg)
     return [
         RolloutActor.options(name=ROLLOUT_NAME.format(i), num_cpus=cpus, num_gpus=cfg.ray.rollout_gpus)
-        .remote(cfg.to_dict(), str(model_path), retriever, i, max(1, int(cpus)))
+        .remote(cfg.to_dict(), str(model_path), retriever, i, cpu_threads(cpus))
         for i in range(cfg.ray.num_rollout_actors)
     ]
 

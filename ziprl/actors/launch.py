@@ -19,7 +19,7 @@ from ray import serve
 
 from ziprl.actors.driver import RayLearner, RaySource, check_resources, start_rollout_actors
 from ziprl.actors.learner_actor import LearnerGroup
-from ziprl.actors.ray_utils import init_ray
+from ziprl.actors.ray_utils import cpu_threads, init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sync import make_weight_sync
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
@@ -96,7 +96,7 @@ def stage1_cpus(cfg: ZipRLConfig) -> tuple[float, int]:
     Stage 2 rank (Stage 2 may go on with it), which leaves the retriever, deploying meanwhile, its CPUs. On a local
     cluster nothing else computes during SFT: each rank runs on its share of every core."""
     share = local_core_share(cfg)
-    return cfg.ray.learner_cpus, max(1, int(cfg.ray.learner_cpus if share is None else share))
+    return cfg.ray.learner_cpus, cpu_threads(cfg.ray.learner_cpus if share is None else share)
 
 
 def local_core_share(cfg: ZipRLConfig) -> float | None:
@@ -127,7 +127,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
             if group is None:
                 group = LearnerGroup(cfg, cfg.ray.learner_ranks, cfg.ray.learner_cpus, cfg.ray.learner_gpus)
             # the ranks load the model (Stage 1's ranks: in Stage 2's configuration), the retriever may deploy
-            building = group.start("build_trainer", str(model), cfg.to_dict(), max(1, int(cfg.ray.learner_cpus)))
+            building = group.start("build_trainer", str(model), cfg.to_dict(), cpu_threads(cfg.ray.learner_cpus))
             retriever = deploying.result()
         # the engines generate in the learner's dtype when model.dtype=auto: known here once learner.bf16 is set (the
         # actors then load beside the learner), else as the ranks decide it (every rank alike: same hardware)
@@ -141,7 +141,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         push = make_weight_sync(cfg, group, actors)
         source = RaySource(cfg, actors, push)
         share = local_core_share(cfg)
-        idle_threads = max(1, int(share)) if share and not cfg.ray.learner_gpus else None
+        idle_threads = cpu_threads(share) if share and not cfg.ray.learner_gpus else None
         learner = RayLearner(group, idle_threads)
         metrics = train_loop(cfg, learner, source, push, QuestionStream(examples, cfg.data.seed), logger, progress)
         print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)

@@ -24,6 +24,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ziprl.actors.ray_utils import cpu_threads
 from ziprl.actors.weight_sync import SendsWeights, WeightSource
 from ziprl.config import ConfigError, ZipRLConfig, from_dict, resolve_engine_dtype
 from ziprl.env.trajectory import from_table
@@ -200,7 +201,7 @@ class LearnerGroup:
             LearnerActor.options(
                 num_cpus=cpus, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(cfg.to_dict(), threads or max(1, int(cpus)))
+            ).remote(cfg.to_dict(), threads or cpu_threads(cpus))
             for i in range(ranks)
         ]
         ips = ray.get([a.node_ip.remote() for a in self.actors])

@@ -15,6 +15,11 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false"}
 log = logging.getLogger(__name__)
 
 
+def cpu_threads(cpus: float) -> int:
+    """Torch threads for an actor holding ``cpus`` Ray CPUs: its whole CPUs, at least one."""
+    return max(1, int(cpus))
+
+
 def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None) -> None:
     """Connect this process to Ray; a no-op when already connected.
 

@@ -148,7 +148,7 @@ def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False, pr
     """Pad rows into one MicroBatch: each row from column 0, padding on the right; with ``share_prefix`` the rows'
     common leading tokens are marked to run once, or the first ``prefix_len`` (a prefix shared wider than these rows,
     e.g. by a whole step: :class:`~ziprl.learner.prefix.StepPrefix`)."""
-    prompts = [r.input_ids[: r.response_start] for r in rows]
+    prompts = [r.input_ids[: r.response_start] for r in rows] if share_prefix else []
     if not share_prefix:
         s = 0
     elif prefix_len is None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ziprl.policy.kv import fork, output_cache
+from ziprl.policy.kv import fork, run_prefix
 
 
 class StepPrefix:
@@ -23,11 +23,7 @@ class StepPrefix:
 
     def __init__(self, model: Any, input_ids: Tensor, grad: bool) -> None:
         with torch.set_grad_enabled(grad):
-            out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-        self._cache = output_cache(out)
-        if self._cache is None:
-            raise RuntimeError("the model returned no KV cache for the shared prefix (gradient checkpointing turns "
-                               "caching off in training: set learner.share_prefix=false with it)")
+            self._cache = run_prefix(model, input_ids)
         self.length = int(input_ids.size(1))
         self._states = [(layer.keys, layer.values) for layer in self._cache.layers]
         self._copies = ([tuple(t.detach().requires_grad_() for t in kv) for kv in self._states] if grad

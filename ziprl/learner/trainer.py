@@ -214,8 +214,7 @@ class Trainer:
         if before_compute is not None and prefix_ids is not None:
             before_compute()
         t0 = self._clock()
-        with self._compute():
-            prefix = None if prefix_ids is None else StepPrefix(self.engine, prefix_ids, grad=True)
+        prefix = self._policy_prefix(prefix_ids)
         t1 = self._clock()
         ref_prefix = None
         if prefix_ids is not None and self.ref_model is not None and not self.at_reference:
@@ -360,8 +359,7 @@ class Trainer:
         ]
         sums = torch.zeros(2, dtype=torch.float64)  # loss, tokens
         batches, prefix_ids = self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns)
-        with self._compute():
-            prefix = None if prefix_ids is None else StepPrefix(self.engine, prefix_ids, grad=True)
+        prefix = self._policy_prefix(prefix_ids)
         for i, (mb, real) in enumerate(batches):
             last = i == len(batches) - 1
             with self._compute():
@@ -375,6 +373,13 @@ class Trainer:
         loss_sum, tokens = self._all_reduce(sums).tolist()
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
                 "seconds": self._clock() - start}
+
+    def _policy_prefix(self, prefix_ids: torch.Tensor | None) -> StepPrefix | None:
+        """The policy's forward of the step's shared prefix (:meth:`_micro_batches`), None when there is none."""
+        if prefix_ids is None:
+            return None
+        with self._compute():
+            return StepPrefix(self.engine, prefix_ids, grad=True)
 
     def _backward(self, loss: torch.Tensor, prefix: StepPrefix | None, last: bool) -> None:
         """One micro-batch's backward, its loss scaled by the ranks (DeepSpeed averages over them; the weights already

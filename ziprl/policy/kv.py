@@ -53,12 +53,18 @@ def last_positions(n: int, length: int, device: torch.device | str) -> Tensor:
 def prefix_cache(model: Any, input_ids: Tensor, batch: int) -> Any:
     """The KV cache of one row's prefix ``[1, S]`` (unpadded, at positions 0 .. S-1: a shared prefix leads every row),
     repeated to ``batch`` rows (autograd sums their gradients)."""
+    cache = run_prefix(model, input_ids)
+    cache.batch_repeat_interleave(batch)
+    return cache
+
+
+def run_prefix(model: Any, input_ids: Tensor) -> Any:
+    """The KV cache of one row's prefix ``[1, S]`` (its forward, under the caller's grad mode)."""
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)  # one row: its last position is contiguous
     cache = output_cache(out)
     if cache is None:
         raise RuntimeError("the model returned no KV cache for the shared prefix (gradient checkpointing turns "
                            "caching off in training: set learner.share_prefix=false with it)")
-    cache.batch_repeat_interleave(batch)
     return cache
 
 
