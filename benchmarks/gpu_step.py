@@ -7,7 +7,7 @@ token limit, the heaviest rollout).
                                   [--turns 2] [--prompt-tokens 1024] [--new-tokens 256] [--prompt-spread 0.25]
                                   [--micro-batch 16]
                                   [--zero-stage 2] [--steps 2] [--tokenizer DIR] [--name gpu_step]
-                                  [--set learner.FIELD=VALUE ...] [--profile]
+                                  [--set learner.FIELD=VALUE ...] [--profile] [--checkpoint]
 
 ``--set learner.micro_batch_tokens=16384`` fills each pass by tokens instead of ``--micro-batch`` turns (on an H200
 the 1.7B step at 4 turns a pass was launch-bound: benchmarks/results/gpu_layout_h200.md).
@@ -22,6 +22,10 @@ weights copied on the GPU in the engine's dtype), ``push_host_s`` the same weigh
 step did not finish inside the 130 s a device call gave each run), under torch's profiler: where its GPU time went
 (attention, GEMMs, collectives, copies, normalisation/elementwise/reductions, other; the GPU's busy fraction of the
 learner's seconds) joins the row, the top kernels and host ops go to ``<name>_profile_<arch>.txt``.
+``--checkpoint`` then times one checkpoint the way a GPU learner takes it in the background
+(``run.background_checkpoints``): ``snapshot_s`` the copy off the GPU the step waits for, ``write_s`` the write and
+fsync a thread does meanwhile, ``checkpoint_gb`` its size. This is the run's first snapshot, which pays for new pinned
+host memory; later ones reuse it (benchmarks/gpu_checkpoint.py).
 Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU it says so and exits 0.
 """
 
@@ -147,6 +151,18 @@ def profiled_step(trainer, trajectories, out_txt: Path) -> dict:
     return {**out, **kernel_split(averages, out["seconds"])}
 
 
+def timed_checkpoint(trainer, out: Path) -> dict[str, float]:
+    """One checkpoint of ``trainer`` under ``out``: the snapshot's and the write's seconds, and its size."""
+    from ziprl.learner.checkpoint import snapshot, write_snapshot
+
+    t0 = time.perf_counter()
+    snap = snapshot(trainer, out, {})
+    t1 = time.perf_counter()
+    write_snapshot(snap)
+    gb = sum(f.stat().st_size for f in snap.path.iterdir()) / 1e9
+    return {"snapshot_s": t1 - t0, "write_s": time.perf_counter() - t1, "checkpoint_gb": gb}
+
+
 def learner_config(args):
     """The config every architecture trains under: a bf16 learner at ``--zero-stage`` / ``--micro-batch``, then
     the ``--set`` overrides (ConfigError names a bad one)."""
@@ -185,17 +201,17 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
         print(f"  {arch} step {step}: generation {gen_s:.1f} s ({gen_tokens / gen_s:.0f} tok/s), learner "
               f"{out['seconds']:.1f} s (MFU {out['mfu']:.3f}), push {push_s:.3f} s (through the host "
               f"{push_host_s:.2f} s)", flush=True)
-    profile = {}
+    extra = timed_checkpoint(trainer, workdir / f"{arch}-checkpoint") if args.checkpoint else {}
     if args.profile:
         out = profiled_step(trainer, trajectories[: args.group], RESULTS / f"{args.name}_profile_{arch}.txt")
-        profile = {k: v for k, v in out.items() if k.startswith("gpu_")}
+        extra.update({k: v for k, v in out.items() if k.startswith("gpu_")})
     kept = steps[1:] or steps
     row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,
            "turns": args.turns, "prompt_tokens": args.prompt_tokens, "prompt_spread": args.prompt_spread,
            "new_tokens": args.new_tokens,
            "zero_stage": args.zero_stage, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     row.update({k: statistics.mean(s[k] for s in kept) for k in kept[0]})
-    row.update(profile)
+    row.update(extra)
     del trainer, engine
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -220,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="learner.FIELD=VALUE",
                     help="config overrides on top of the bf16 learner the flags describe")
     ap.add_argument("--profile", action="store_true", help="one more learner step on one group, profiled (see above)")
+    ap.add_argument("--checkpoint", action="store_true", help="time one checkpoint after the steps (see above)")
     args = ap.parse_args(argv)
     unknown = [a for a in args.archs.split(",") if a not in ARCHS]
     if unknown:

@@ -78,6 +78,36 @@ def test_deepspeed_bf16_zero_step(stage, model_dir):
     assert all(np.isfinite(a).all() for a in trainer.named_weights_numpy().values())
 
 
+def test_a_checkpoint_written_while_the_next_step_trains_holds_the_weights_of_when_it_was_taken(model_dir, tmp_path):
+    """The GPU learner's background checkpoint (on by default there: ``run.background_checkpoints``): the snapshot is
+    copied off the GPU, the write runs in a thread while the next bf16 ZeRO-2 step changes the weights, and loading
+    it gives back the weights (and Adam's step) of when it was taken."""
+    from tests.test_trainer import make_cfg, make_trajectories
+    from ziprl.learner import checkpoint
+    from ziprl.learner.trainer import Trainer
+
+    trainer = Trainer(make_cfg(bf16=True, zero_stage=2, lr=1e-3, beta=0.001), model_dir)
+    trajectories = make_trajectories(model_dir, groups=2, group_size=2, max_turns=2)
+    trainer.train_step(trajectories)
+    taken = trainer.named_weights_numpy()
+    snap = checkpoint.snapshot(trainer, tmp_path, {"index": 1})
+    assert all(t.device.type == "cpu" for f in snap.files.values() for t in f.values())
+    release, written = threading.Event(), []
+    writer = threading.Thread(target=lambda: (release.wait(60), written.append(checkpoint.write_snapshot(snap))))
+    writer.start()
+    trainer.train_step(trajectories)  # the next step, while the write is held back
+    torch.cuda.synchronize()
+    moved = trainer.named_weights_numpy()
+    release.set()
+    writer.join(120)
+    assert written == [snap.path] and checkpoint.latest_checkpoint(tmp_path) == snap.path
+    assert any(not np.array_equal(moved[k], taken[k]) for k in taken)  # the step changed the weights ...
+    assert checkpoint.load_checkpoint(trainer, snap.path) == {"index": 1}
+    loaded = trainer.named_weights_numpy()
+    assert all(np.array_equal(loaded[k], taken[k]) for k in taken)  # ... and the checkpoint holds the ones before it
+    assert trainer.global_step == 1
+
+
 def _nccl_member(rank: int, port: int, model_dir: str, out: str) -> None:
     """One process of the NCCL push: rank 0 sends bf16 buckets of the perturbed model, rank 1 receives into
     a bf16 HFEngine on CUDA and checks the bits. Writes {"ok": ...} or {"error": ...} to ``out``."""

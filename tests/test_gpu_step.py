@@ -57,3 +57,28 @@ def test_the_kernel_split_sorts_kernels_by_name_and_counts_only_device_time():
 def test_bad_overrides_exit_2_before_any_work(capsys):
     assert gpu_step.main(["--set", "learner.share_prefixx=false"]) == 2
     assert "share_prefixx" in capsys.readouterr().err
+
+
+def test_a_timed_checkpoint_is_a_whole_checkpoint_with_its_seconds_and_size(tiny_model_dir, tmp_path):
+    """``--checkpoint``'s row: the snapshot's and the write's seconds, and the size of a checkpoint that loads."""
+    from tests.test_trainer import make_cfg
+    from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
+    from ziprl.learner.trainer import Trainer
+
+    trainer = Trainer(make_cfg(), tiny_model_dir)
+    row = gpu_step.timed_checkpoint(trainer, tmp_path)
+    assert set(row) == {"snapshot_s", "write_s", "checkpoint_gb"} and row["snapshot_s"] > 0 and row["write_s"] > 0
+    params = sum(p.numel() for p in trainer.engine.module.parameters())
+    assert row["checkpoint_gb"] == pytest.approx(params * 4 / 1e9, rel=0.2)  # float32 weights (no moments yet)
+    assert load_checkpoint(trainer, latest_checkpoint(tmp_path)) == {}
+
+
+def test_the_checkpoint_benchmark_checks_its_architectures_then_needs_a_gpu(capsys):
+    """benchmarks/gpu_checkpoint.py: an unknown architecture exits 2 naming the choices; without CUDA, nothing to do."""
+    import gpu_checkpoint
+
+    assert gpu_checkpoint.main(["--archs", "qwen3-0.6b,llama-70b"]) == 2
+    assert "llama-70b" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gpu_checkpoint.main([]) == 0
+        assert "no CUDA GPU" in capsys.readouterr().out

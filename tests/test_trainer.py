@@ -376,6 +376,7 @@ def two_rank_worker(model_dir: str, batch_file: str, out_dir: str) -> None:
     from safetensors.torch import save_file
 
     from ziprl.env.trajectory import load_trajectories
+    from ziprl.learner.checkpoint import snapshot
     from ziprl.learner.distributed import rank
 
     trajectories = load_trajectories(batch_file)
@@ -386,12 +387,16 @@ def two_rank_worker(model_dir: str, batch_file: str, out_dir: str) -> None:
         seen = capture_grads(trainer)
         stats = trainer.train_step(trajectories)
         save_file({"grad": seen[-1]}, f"{out_dir}/{name}-rank{rank()}.safetensors")
+        snap = snapshot(trainer, f"{out_dir}/{name}-checkpoint", {})  # every rank joins the gathers
+        stats["snapshot_numel"] = sum(snap.files[f][k].numel() for f in ("model.safetensors", "optimizer.safetensors")
+                                      for k in snap.files[f])
         Path(f"{out_dir}/{name}-rank{rank()}.json").write_text(json.dumps(stats))
 
 
 def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_batches, tmp_path):
     """Two gloo ranks each train on half of the turns (unequal micro-batch counts: 3 and 2 of two turns; 5 and 4
-    under a 100-token budget) and reach the gradient, loss and weights of one rank training on all of them."""
+    under a 100-token budget) and reach the gradient, loss and weights of one rank training on all of them. Both
+    join a checkpoint's gathers; only rank 0, which writes it, keeps a copy (an 8-rank node held eight before)."""
     from safetensors.torch import load_file
 
     from ziprl.env.trajectory import save_trajectories
@@ -425,6 +430,8 @@ def test_two_data_parallel_ranks_take_the_one_rank_step(tiny_model_dir, grad_bat
             assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5)
             assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
             assert stats["passes"] == (5 if name == "stage2-tokens" else 3)  # the rank with fewer runs fillers
+            # a checkpoint's copies (float32 weights and two moments) are held by rank 0 alone, which writes it
+            assert stats["snapshot_numel"] == (3 * ref_grad.numel() if r == 0 else 0)
 
 
 def test_a_zero_gradient_step_skips_the_compute_and_moves_the_weights_as_the_computed_step(tiny_model_dir, monkeypatch):

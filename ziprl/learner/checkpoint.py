@@ -82,17 +82,19 @@ class Snapshot:
 def snapshot(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = None
              ) -> Snapshot:
     """The trainer's checkpoint content, copied (see :func:`save_checkpoint`; every rank calls it: ZeRO gathers are
-    collective)."""
+    collective). Only rank 0, which writes it, keeps the copies; the other ranks' snapshots hold no tensors."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     module, base = trainer.engine.module, trainer.optimizer
     weights, moments = {}, {}
+    copy = HostCopies(keep=rank() == 0)
     for name, p in module.named_parameters():
         full = safe_get_full_fp32_param(p)  # None without ZeRO: the parameter is its own master
-        weights[name] = _cpu(p if full is None else full)
+        copy(weights, name, p if full is None else full)
         for key in MOMENTS if base.state else ():
             full = safe_get_full_optimizer_state(p, key)
-            moments[f"{key}/{name}"] = _cpu(base.state[p][key] if full is None else full)
+            copy(moments, f"{key}/{name}", base.state[p][key] if full is None else full)
+    copy.wait()
     adam_steps = {float(s["step"]) for s in base.state.values()}
     if len(adam_steps) > 1:
         raise RuntimeError(f"AdamW parameters are at different step counts {sorted(adam_steps)}; cannot store one")
@@ -268,8 +270,29 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
     return state["data_position"]
 
 
-def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", torch.float32, copy=True).contiguous()
+class HostCopies:
+    """Float32 host copies of tensors, made only when ``keep``. A GPU tensor's copy is queued into pinned memory and
+    all are waited for once (:meth:`wait`). Torch's caching host allocator keeps that memory (one checkpoint's size)
+    for the next snapshot: on an H200 at Qwen3-1.7B's shape (20.6 GB) a snapshot took 0.40 s, against 11.7-14.3 s
+    for new pageable memory each time (benchmarks/results/gpu_checkpoint_h200.md)."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep, self._queued = keep, False
+
+    def __call__(self, into: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
+        if not self.keep:
+            return
+        t = t.detach()
+        if t.device.type != "cuda":
+            into[key] = t.to("cpu", torch.float32, copy=True).contiguous()
+            return
+        into[key] = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+        into[key].copy_(t, non_blocking=True)  # ordered on the stream before the gathers that reuse t's memory
+        self._queued = True
+
+    def wait(self) -> None:
+        if self._queued:
+            torch.cuda.synchronize()
 
 
 def _ensure_adam_state(trainer: Trainer, step: float) -> None:
