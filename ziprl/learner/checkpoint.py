@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from ziprl.boundary import UserError
 from ziprl.learner.distributed import rank, world_size
+from ziprl.learner.tensor_file import write_tensors
 from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors
 
@@ -60,7 +61,7 @@ def save_checkpoint(trainer: Trainer, out_dir: str | Path, data_position: dict[s
     ``data_position`` is an opaque JSON-serialisable dict (e.g. dataset cursor and epoch) handed back by
     :func:`load_checkpoint`. Every rank must call this (ZeRO gathers are collective); rank 0 writes.
     """
-    snap = snapshot(trainer, out_dir, data_position, keep)
+    snap = snapshot(trainer, out_dir, data_position, keep, copy=False)  # written before the trainer moves on
     if rank() == 0:
         write_snapshot(snap)
     if world_size() > 1:
@@ -79,22 +80,23 @@ class Snapshot:
     keep: int
 
 
-def snapshot(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = None
-             ) -> Snapshot:
+def snapshot(trainer: Trainer, out_dir: str | Path, data_position: dict[str, Any], keep: int | None = None,
+             copy: bool = True) -> Snapshot:
     """The trainer's checkpoint content, copied (see :func:`save_checkpoint`; every rank calls it: ZeRO gathers are
-    collective). Only rank 0, which writes it, keeps the copies; the other ranks' snapshots hold no tensors."""
+    collective). Only rank 0, which writes it, keeps the copies; the other ranks' snapshots hold no tensors. Without
+    ``copy`` a CPU trainer's float32 tensors are held as they are (for a write that ends before the trainer steps)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     module, base = trainer.engine.module, trainer.optimizer
     weights, moments = {}, {}
-    copy = HostCopies(keep=rank() == 0)
+    host = HostCopies(keep=rank() == 0, copy=copy)
     for name, p in module.named_parameters():
         full = safe_get_full_fp32_param(p)  # None without ZeRO: the parameter is its own master
-        copy(weights, name, p if full is None else full)
+        host(weights, name, p if full is None else full)
         for key in MOMENTS if base.state else ():
             full = safe_get_full_optimizer_state(p, key)
-            copy(moments, f"{key}/{name}", base.state[p][key] if full is None else full)
-    copy.wait()
+            host(moments, f"{key}/{name}", base.state[p][key] if full is None else full)
+    host.wait()
     adam_steps = {float(s["step"]) for s in base.state.values()}
     if len(adam_steps) > 1:
         raise RuntimeError(f"AdamW parameters are at different step counts {sorted(adam_steps)}; cannot store one")
@@ -127,7 +129,7 @@ def write_snapshot(snap: Snapshot) -> Path:
     """Write ``snap`` beside its place, fsync and rename it there, point ``latest`` at it and prune (rank 0)."""
     with atomic_dir(snap.path) as tmp:
         for name, tensors in snap.files.items():
-            save_file(tensors, tmp / name)
+            write_tensors(tensors, tmp / name)
         (tmp / "state.json").write_text(snap.state_json)
     atomic_write_text(snap.path.parent / LATEST, snap.path.name + "\n")
     if snap.keep:
@@ -271,20 +273,21 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
 
 
 class HostCopies:
-    """Float32 host copies of tensors, made only when ``keep``. A GPU tensor's copy is queued into pinned memory and
+    """Float32 host copies of tensors, made only when ``keep`` (a CPU float32 tensor is itself without ``copy``). A GPU
+    tensor's copy is queued into pinned memory and
     all are waited for once (:meth:`wait`). Torch's caching host allocator keeps that memory (one checkpoint's size)
     for the next snapshot: on an H200 at Qwen3-1.7B's shape (20.6 GB) a snapshot took 0.40 s, against 11.7-14.3 s
     for new pageable memory each time (benchmarks/results/gpu_checkpoint_h200.md)."""
 
-    def __init__(self, keep: bool) -> None:
-        self.keep, self._queued = keep, False
+    def __init__(self, keep: bool, copy: bool = True) -> None:
+        self.keep, self.copy, self._queued = keep, copy, False
 
     def __call__(self, into: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
         if not self.keep:
             return
         t = t.detach()
         if t.device.type != "cuda":
-            into[key] = t.to("cpu", torch.float32, copy=True).contiguous()
+            into[key] = t.to("cpu", torch.float32, copy=self.copy).contiguous()
             return
         into[key] = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
         into[key].copy_(t, non_blocking=True)  # ordered on the stream before the gathers that reuse t's memory
