@@ -128,3 +128,20 @@ def test_a_resumed_run_takes_its_checkpoints_compute_dtype(tmp_path, stored, res
     cfg.run.out_dir, cfg.run.resume = str(tmp_path), resume
     assert resumed_learner(cfg).learner.bf16 is expected
     assert cfg.learner.bf16 is set_bf16  # the given config is left as it was
+
+
+def test_a_snapshot_copies_the_trainer_unless_it_is_written_at_once(tiny_model_dir, batches):
+    """``snapshot`` (for a background write) holds copies the next step cannot change; ``copy=False`` (a write
+    that ends before the trainer steps: ``save_checkpoint``) holds a CPU trainer's own float32 tensors."""
+    from ziprl.learner.checkpoint import snapshot
+
+    run = Trainer(make_cfg(lr=1e-3), tiny_model_dir)
+    run.train_step(batches[0])
+    params = dict(run.engine.module.named_parameters())
+    copied, held = snapshot(run, "unused", {}), snapshot(run, "unused", {}, copy=False)
+    for name, p in params.items():
+        assert held.files["model.safetensors"][name].data_ptr() == p.data_ptr()
+        assert copied.files["model.safetensors"][name].data_ptr() != p.data_ptr()
+        assert torch.equal(copied.files["model.safetensors"][name], p.detach())
+    moments = copied.files["optimizer.safetensors"]
+    assert len(moments) == 2 * len(params) and all(t.dtype == torch.float32 for t in moments.values())

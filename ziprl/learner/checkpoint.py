@@ -10,7 +10,7 @@
   caller's data position.
 
 ``<out>/checkpoints/latest`` names the newest complete checkpoint. A checkpoint is written beside its final
-place, fsynced and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one;
+place (its tensor files with direct I/O: :mod:`ziprl.learner.tensor_file`), fsynced and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one;
 :func:`clean_orphans` removes what a killed write left behind. Pruning never removes what ``latest`` names.
 
 Tensors are stored whole (gathered with DeepSpeed's ``safe_get_full_*`` API under ZeRO 1-3), not as
