@@ -10,8 +10,9 @@
   caller's data position.
 
 ``<out>/checkpoints/latest`` names the newest complete checkpoint. A checkpoint is written beside its final
-place (its tensor files with direct I/O: :mod:`ziprl.learner.tensor_file`), fsynced and renamed into it, then ``latest`` is replaced atomically, so a crash never leaves a torn one;
-:func:`clean_orphans` removes what a killed write left behind. Pruning never removes what ``latest`` names.
+place (its tensor files with direct I/O: :mod:`ziprl.learner.tensor_file`), fsynced and renamed into it, then
+``latest`` is replaced atomically, so a crash never leaves a torn one; :func:`clean_orphans` removes what a killed
+write left behind. Pruning never removes what ``latest`` names.
 
 Tensors are stored whole (gathered with DeepSpeed's ``safe_get_full_*`` API under ZeRO 1-3), not as
 DeepSpeed's per-rank partitions, so DeepSpeed's own ``torch.save`` checkpoints are not needed and a
@@ -273,11 +274,11 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
 
 
 class HostCopies:
-    """Float32 host copies of tensors, made only when ``keep`` (a CPU float32 tensor is itself without ``copy``). A GPU
-    tensor's copy is queued into pinned memory and
-    all are waited for once (:meth:`wait`). Torch's caching host allocator keeps that memory (one checkpoint's size)
-    for the next snapshot: on an H200 at Qwen3-1.7B's shape (20.6 GB) a snapshot took 0.40 s, against 11.7-14.3 s
-    for new pageable memory each time (benchmarks/results/gpu_checkpoint_h200.md)."""
+    """Float32 host copies of tensors, made only when ``keep`` (a CPU float32 tensor is itself without ``copy``).
+    A GPU tensor's copy is queued into pinned memory and all are waited for once (:meth:`wait`). Torch's caching host
+    allocator keeps that memory (one checkpoint's size) for the next snapshot: on an H200 at Qwen3-1.7B's shape
+    (20.6 GB) a snapshot took 0.40 s, against 11.7-14.3 s for new pageable memory each time
+    (benchmarks/results/gpu_checkpoint_h200.md)."""
 
     def __init__(self, keep: bool, copy: bool = True) -> None:
         self.keep, self.copy, self._queued = keep, copy, False
