@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results  # noqa: E402
-from gpu_step import ARCHS, build_model  # noqa: E402
+from gpu_step import ARCHS, build_model, gpu_setup, unknown_archs  # noqa: E402
 
 
 def gathered(trainer, copy) -> None:
@@ -90,21 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
     ap.add_argument("--name", default="gpu_checkpoint")
     args = ap.parse_args(argv)
-    unknown = [a for a in args.archs.split(",") if a not in ARCHS]
-    if unknown:
-        print(f"gpu_checkpoint: unknown architecture {unknown}; choose from {', '.join(ARCHS)}", file=sys.stderr)
+    if unknown_archs(args.archs, "gpu_checkpoint"):
         return 2
+    setup = gpu_setup("gpu_checkpoint", args.tokenizer)
+    if setup is None:
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_checkpoint: no CUDA GPU visible to PyTorch: nothing to measure")
-        return 0
-    from ziprl.config import ModelConfig
-    from ziprl.policy.models import load_tokenizer, resolve_model_path
-
-    tokenizer = load_tokenizer(args.tokenizer or resolve_model_path(ModelConfig()))
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "model": "random init at each architecture's shape, DeepSpeed bf16 ZeRO-2, random AdamW moments"}
+    tokenizer, meta = setup
+    meta["model"] = "random init at each architecture's shape, DeepSpeed bf16 ZeRO-2, random AdamW moments"
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_checkpoint-") as tmp:
         for arch in args.archs.split(","):

@@ -218,6 +218,29 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     return row
 
 
+def unknown_archs(archs: str, prog: str) -> bool:
+    """Whether the comma-separated ``archs`` name one not in ARCHS; if so ``prog``'s error names it and the choices."""
+    unknown = [a for a in archs.split(",") if a not in ARCHS]
+    if unknown:
+        print(f"{prog}: unknown architecture {unknown}; choose from {', '.join(ARCHS)}", file=sys.stderr)
+    return bool(unknown)
+
+
+def gpu_setup(prog: str, tokenizer_dir: str | None) -> tuple[object, dict] | None:
+    """SmolLM2's tokenizer (from ``tokenizer_dir``, else the embedded model's) and the run's device metadata; None,
+    once ``prog`` has said so, without a CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{prog}: no CUDA GPU visible to PyTorch: nothing to measure")
+        return None
+    from ziprl.config import ModelConfig
+    from ziprl.policy.models import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer(tokenizer_dir or resolve_model_path(ModelConfig()))
+    return tokenizer, {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", default="smollm2-135m,qwen3-0.6b,qwen3-1.7b", help=f"of {', '.join(ARCHS)}")
@@ -238,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="one more learner step on one group, profiled (see above)")
     ap.add_argument("--checkpoint", action="store_true", help="time one checkpoint after the steps (see above)")
     args = ap.parse_args(argv)
-    unknown = [a for a in args.archs.split(",") if a not in ARCHS]
-    if unknown:
-        print(f"gpu_step: unknown architecture {unknown}; choose from {', '.join(ARCHS)}", file=sys.stderr)
+    if unknown_archs(args.archs, "gpu_step"):
         return 2
     from ziprl.config import ConfigError
 
@@ -249,18 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpu_step: {exc}", file=sys.stderr)
         return 2
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu_step: no CUDA GPU visible to PyTorch: nothing to measure")
+    setup = gpu_setup("gpu_step", args.tokenizer)
+    if setup is None:
         return 0
-    from ziprl.config import ModelConfig
-    from ziprl.policy.models import load_tokenizer, resolve_model_path
-
-    tokenizer = load_tokenizer(args.tokenizer or resolve_model_path(ModelConfig()))
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "steps": args.steps, "overrides": args.set,
-            "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
+    tokenizer, meta = setup
+    meta.update({"steps": args.steps, "overrides": args.set,
+                 "model": "random init at each architecture's shape, SmolLM2 tokenizer"})
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_step-") as tmp:
         for arch in args.archs.split(","):
