@@ -165,3 +165,26 @@ def test_conversion_parses_the_gguf_once_and_writes_the_same_checkpoint(default_
         assert (fresh / name).read_bytes() == (default_path / name).read_bytes(), name
     new, old = load_file(fresh / "model.safetensors"), load_file(default_path / "model.safetensors")
     assert new.keys() == old.keys() and all(np.array_equal(new[k], old[k]) for k in old)
+
+
+def _file_backed(model: torch.nn.Module, file: Path) -> int:
+    """How many of ``model``'s parameters live in a mapping of ``file`` (Linux's /proc/self/maps)."""
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and Path(fields[5]) == file.resolve():
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            spans.append((lo, hi))
+    return sum(any(lo <= p.data_ptr() < hi for lo, hi in spans) for p in model.parameters())
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
+def test_a_writable_model_holds_its_weights_outside_the_checkpoint_file(tiny_model_dir):
+    file = tiny_model_dir / "model.safetensors"
+    mapped = load_model(tiny_model_dir)  # float32 weights read in place from the file's private mapping
+    assert _file_backed(mapped, file) == len(list(mapped.parameters()))
+    writable = load_model(tiny_model_dir, writable=True)
+    assert _file_backed(writable, file) == 0
+    for a, b in zip(mapped.parameters(), writable.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert writable.lm_head.weight is writable.model.embed_tokens.weight  # tied weights stay one tensor

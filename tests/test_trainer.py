@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from ziprl.config import ZipRLConfig
 from ziprl.env.trajectory import Trajectory, Turn
@@ -155,6 +156,9 @@ def test_default_model_grpo_step_lowers_loss(default_model_dir, tmp_path):
     for name, p in reloaded.named_parameters():
         assert np.array_equal(p.detach().numpy(), after[name]), name
     assert load_tokenizer(saved).eos_token == trainer.tokenizer.eos_token
+    with safe_open(saved / "model.safetensors", "pt") as f:  # tied embeddings written once, as from_pretrained's
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
 
 
 def test_the_first_step_takes_the_reference_log_probs_from_the_policy_itself(tiny_model_dir, tmp_path):

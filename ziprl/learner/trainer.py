@@ -137,7 +137,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
         self.pad_id = int(self.tokenizer.pad_token_id)
 
-        model = load_model(self.model_path, "float32", "cpu", cfg.model.trust_remote_code)
+        model = load_model(self.model_path, "float32", "cpu", cfg.model.trust_remote_code, writable=True)
         if lc.gradient_checkpointing:
             enable_checkpointing(model)
         # fused: one kernel per step on CPU and GPU (the per-tensor loop is ~7x slower on CPU)
@@ -478,7 +478,13 @@ class Trainer:
         """
         out_dir = Path(out_dir)
         with self.gathered():
-            state = {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
+            copies: dict[tuple, torch.Tensor] = {}  # one copy per tensor: tied weights stay tied, written once
+            state = {}
+            for k, v in self.engine.module.state_dict().items():
+                key = (v.data_ptr(), v.dtype, tuple(v.shape))
+                if key not in copies:
+                    copies[key] = v.detach().to("cpu", copy=True)
+                state[k] = copies[key]
         if rank() == 0:
             with atomic_dir(out_dir) as tmp:
                 self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
