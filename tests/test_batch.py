@@ -13,9 +13,11 @@ from ziprl.config import LearnerConfig
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import (
+    TurnRow,
     build_rows,
     make_micro_batches,
     micro_batch_bounds,
+    plan_micro_batches,
     response_logprobs,
     response_logprobs_and_entropy,
 )
@@ -425,3 +427,55 @@ def test_micro_batch_bounds_refuse_a_bad_size():
         micro_batch_bounds([3, 4], 0)
     with pytest.raises(ValueError, match="max_tokens >= 0"):
         micro_batch_bounds([3, 4], 2, -1)
+
+
+def _plan_cost(rows, groups) -> int:
+    """Tokens the plan's micro-batches compute: each its rows' shared prefix once, every row padded to its longest."""
+    from ziprl.policy.kv import shared_prefix_len
+
+    total = 0
+    for group in groups:
+        m = shared_prefix_len([rows[i].input_ids[: rows[i].response_start] for i in group])
+        total += m + len(group) * (max(len(rows[i].input_ids) for i in group) - m)
+    return total
+
+
+def test_the_plan_puts_the_turns_of_a_trajectory_together():
+    """A trajectory's turn extends the one before (its prompt is the last prompt, response and observation): the
+    plan puts each trajectory's turns in micro-batches of their own, which then share most of their prompts (here
+    the question's first 40-token passage), where the length order mixes the two trajectories."""
+    system = list(range(1, 31))
+    rows = []
+    for question in (40, 41):
+        prompt = [*system, question, question, *[question + 30] * 40]
+        for k in range(4):
+            response = [50 + k] * 6
+            rows.append(TurnRow(prompt + response, len(prompt), [-1.0] * 6, 1.0, 0.1, question))
+            prompt = prompt + response + [60 + k] * 3  # the next turn: this one's response and an observation
+    shuffled = [rows[i] for i in (5, 0, 7, 2, 4, 1, 6, 3)]
+    groups = plan_micro_batches(shuffled, size=4)
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert sorted(sorted(shuffled[i].traj_index for i in g) for g in groups) == [[40] * 4, [41] * 4]
+    by_length = [list(range(k, k + 4)) for k in (0, 4)]  # the order micro_batch_bounds cuts: by length
+    ordered = sorted(range(8), key=lambda i: len(shuffled[i].input_ids))
+    assert _plan_cost(shuffled, groups) < _plan_cost(shuffled, [[ordered[i] for i in g] for g in by_length])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.integers(1, 6)), max_size=24),
+       st.integers(1, 6), st.sampled_from([0, 10, 40]))
+def test_the_plan_covers_every_row_once_within_the_budget(shapes, size, max_tokens):
+    """Any prompts: every row in one micro-batch, at most ``size`` rows (or rows x longest <= ``max_tokens``) in each,
+    and never more tokens computed than one micro-batch per row."""
+    rows = [TurnRow(p + [9] * n, len(p), [-1.0] * n, 1.0, 1.0, k) for k, (p, n) in enumerate(shapes)]
+    groups = plan_micro_batches(rows, size, max_tokens)
+    assert sorted(i for g in groups for i in g) == list(range(len(rows)))
+    for g in groups:
+        longest = max(len(rows[i].input_ids) for i in g)
+        assert len(g) == 1 or (len(g) * longest <= max_tokens if max_tokens else len(g) <= size)
+    assert _plan_cost(rows, groups) + 64 * len(groups) <= sum(len(r.input_ids) + 64 for r in rows)
+
+
+def test_the_plan_refuses_a_bad_size():
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        plan_micro_batches([], 0)

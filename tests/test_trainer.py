@@ -126,7 +126,8 @@ def test_gradients_equal_plain_torch_with_variable_micro_batches(stage, checkpoi
         assert stats["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-8)
         assert stats["grad_norm"] == pytest.approx(float(ref_grad.norm()), rel=1e-4)
         assert stats["kl"] == 0.0 and trainer.policy_version == step
-        assert stats["passes"] == ([5, 1] if not tokens else [4, 1])[step - 1]  # 9 turns: 2 a pass, or 3+3+2+1
+        # 9 turns, 2 a pass, then 2: with 200 tokens the plan could take 3 in a pass, but pairs cost fewer tokens
+        assert stats["passes"] == [5, 1][step - 1]
         if step == 1:
             assert stats["clip_frac"] > 0  # the perturbed behaviour log-probs exercise the clipped branch
 
@@ -220,9 +221,11 @@ def test_a_step_runs_the_prefix_its_turns_share_once(tiny_model_dir):
     (shared, widths, grad), (plain, plain_widths, plain_grad) = runs[True], runs[False]
     assert shared["passes"] == plain["passes"] == 5
     s = widths["policy"][0][1]  # the first forward runs the prefix: [1, S]
-    for name in widths:  # then one forward per micro-batch (per-micro-batch prefixes would add five more)
-        assert widths[name][0] == (1, s) and len(widths[name]) == 6 and len(plain_widths[name]) == 5, widths[name]
-    assert s > 0 and plain["computed_tokens"] - shared["computed_tokens"] == s * (9 - 1)  # 9 turns, the prefix once
+    for name in widths:  # then per micro-batch its rows, after one row through the tokens they share beyond it (if any)
+        assert widths[name][0] == (1, s) and len(plain_widths[name]) == 5, widths[name]
+        assert 5 < len(widths[name]) - 1 < 10 and widths[name] == widths["policy"], widths[name]
+    # 9 turns: the step's prefix once saves s tokens a turn but one; the micro-batches' own shared tokens save more
+    assert s > 0 and plain["computed_tokens"] - shared["computed_tokens"] > s * (9 - 1)
     assert shared["kl"] > 1e-4
     for key in ("loss", "kl", "trained_tokens", "tokens"):
         assert shared[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-8), key

@@ -47,6 +47,7 @@ from ziprl.learner.batch import (
     collate,
     computed_tokens,
     micro_batch_bounds,
+    plan_micro_batches,
     response_logprobs,
     response_logprobs_and_entropy,
 )
@@ -104,8 +105,19 @@ def takes_probe(held: tuple[bool, bool] | None, has: bool, both: bool) -> bool:
 
 
 def _read(prefix: StepPrefix | None, mb: MicroBatch, last: bool = True) -> Any:
-    """The step prefix's KV cache for ``mb`` (None when ``mb`` runs without it: no step prefix, or a filler)."""
-    return prefix.cache(mb.input_ids.size(0), last) if prefix is not None and mb.prefix_len else None
+    """The step prefix's KV cache for ``mb``'s rows, or for one row when they share more tokens (the forward runs
+    those on from it); None when ``mb`` runs without it (no step prefix, or a filler)."""
+    if prefix is None or not mb.prefix_len:
+        return None
+    return prefix.cache(mb.input_ids.size(0) if mb.prefix_len == prefix.length else 1, last)
+
+
+def _prefix_len(rows: list[TurnRow], step: int, own: bool) -> int:
+    """The leading tokens a micro-batch of ``rows`` runs once: the step's prefix (``step`` long), and with ``own`` the
+    longer one its rows share, if they do (0: each micro-batch finds its own shared prefix)."""
+    if not own or not step:
+        return step
+    return max(step, shared_prefix_len([row.input_ids[: row.response_start] for row in rows]))
 
 
 def _sign_tokens(mb: MicroBatch, sign: str) -> torch.Tensor:
@@ -261,7 +273,7 @@ class Trainer:
                 sums += torch.tensor([loss.item(), n, st["clip_frac"] * n, st.get("kl_mean", 0.0) * n, ent,
                                       st["mismatch_abs_mean"] * n, st.get("tis_mean", 1.0) * n,
                                       float(mb.attention_mask.sum()),
-                                      float(computed_tokens(mb) - (mb.prefix_len if prefix is not None else 0))])
+                                      float(computed_tokens(mb) - (prefix.length if prefix is not None else 0))])
                 mismatch_max = max(mismatch_max, st["mismatch_abs_max"])
         if prefix is not None:
             sums[8] += prefix.length  # the step's prefix ran once
@@ -358,7 +370,9 @@ class Trainer:
             for i, r in enumerate(rows)
         ]
         sums = torch.zeros(2, dtype=torch.float64)  # loss, tokens
-        batches, prefix_ids = self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns)
+        # SFT rows are transitions of different episodes, which share little beyond the system prompt: length order
+        batches, prefix_ids = self._micro_batches(turn_rows, micro_batch_size or self.cfg.learner.micro_batch_turns,
+                                                  by_prefix=False)
         prefix = self._policy_prefix(prefix_ids)
         for i, (mb, real) in enumerate(batches):
             last = i == len(batches) - 1
@@ -388,28 +402,39 @@ class Trainer:
         if prefix is not None and not last:
             prefix.collect()
 
-    def _micro_batches(self, rows: list[TurnRow], size: int
+    def _micro_batches(self, rows: list[TurnRow], size: int, by_prefix: bool = True
                        ) -> tuple[list[tuple[MicroBatch, bool]], torch.Tensor | None]:
         """This rank's micro-batches on the device as (micro-batch, is_real), and the ``[1, S]`` prefix all its rows
         share when it has more than one micro-batch to run it once for (:class:`StepPrefix`; None: each micro-batch
         runs its own shared prefix, if any).
 
-        Rows are sorted by length first (the loss is a sum, so order is free and similar lengths pad less),
-        then rank r takes rows ``r::R``; a rank with fewer micro-batches than another runs zero-weight fillers.
-        Under ZeRO-3 each micro-batch runs its own prefix: a step-long prefix graph would hold parameters ZeRO-3
-        releases after every forward.
+        Rows are sorted by length (similar lengths pad less) and rank r takes rows ``r::R``; the loss is a sum, so
+        order is free. When they need more than one micro-batch, on one rank with shared prefixes
+        (``learner.share_prefix``) and ``by_prefix``, rows that share leading tokens (a trajectory's turns) go into one
+        micro-batch instead (:func:`~ziprl.learner.batch.plan_micro_batches`), which runs the tokens they share beyond
+        the step's prefix once (rows that fit one micro-batch stay one pass). On several ranks every micro-batch starts
+        from the step's prefix alone: ZeRO-2 and -3 reduce gradients in the order a rank's backward makes them, so
+        every rank's passes must run one graph (a two-rank ZeRO-2 step with per-micro-batch prefixes reduced
+        mismatched gradients). A rank with fewer micro-batches than another runs zero-weight fillers. Under ZeRO-3 each
+        micro-batch runs its own prefix: a step-long prefix graph would hold parameters ZeRO-3 releases after every
+        forward.
         """
         r, world = rank(), world_size()
-        rows = sorted(rows, key=lambda row: len(row.input_ids))
-        lengths = [len(row.input_ids) for row in rows]
-        # every rank plans every rank's share (each holds all rows), so all run the most micro-batches any rank has
         tokens = self.cfg.learner.micro_batch_tokens
-        plans = [micro_batch_bounds(lengths[k::world], size, tokens) for k in range(world)]
-        mine = rows[r::world]
-        step = self.share_prefix and len(plans[r]) > 1 and self.zero_stage != 3
+        # every rank plans every rank's share (each holds all rows), so all run the most micro-batches any rank has
+        rows = sorted(rows, key=lambda row: len(row.input_ids))
+        plans = [micro_batch_bounds([len(row.input_ids) for row in rows[k::world]], size, tokens) for k in range(world)]
+        counts, groups = list(map(len, plans)), [rows[r::world][a:b] for a, b in plans[r]]
+        own = by_prefix and self.share_prefix and world == 1 and len(groups) > 1
+        if own:  # micro-batches of rows that share leading tokens; they run the prefixes their own rows share
+            groups = [[rows[i] for i in group] for group in plan_micro_batches(rows, size, tokens)]
+            counts = [len(groups)]
+        mine = [row for group in groups for row in group]
+        step = self.share_prefix and len(groups) > 1 and self.zero_stage != 3
         s = shared_prefix_len([row.input_ids[: row.response_start] for row in mine]) if step else 0
-        batches = [(collate(mine[a:b], self.pad_id, self.share_prefix, s or None), True) for a, b in plans[r]]
-        missing = max(map(len, plans)) - len(batches)
+        batches = [(collate(group, self.pad_id, self.share_prefix, _prefix_len(group, s, own) or None), True)
+                   for group in groups]
+        missing = max(counts) - len(batches)
         if missing:
             filler = collate([dataclasses.replace(rows[0], weight=0.0)], self.pad_id)
             batches += [(filler, False)] * missing

@@ -58,6 +58,15 @@ def prefix_cache(model: Any, input_ids: Tensor, batch: int) -> Any:
     return cache
 
 
+def extend_prefix(model: Any, cache: Any, input_ids: Tensor, batch: int) -> Any:
+    """``cache`` (one row's prefix) run on through ``input_ids`` ``[1, S']`` (the positions right after it), its keys
+    and values then viewed as ``batch`` rows (autograd sums their gradients, into ``cache``'s own tensors too)."""
+    cache = output_cache(model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache}))
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1)
+    return cache
+
+
 def run_prefix(model: Any, input_ids: Tensor) -> Any:
     """The KV cache of one row's prefix ``[1, S]`` (its forward, under the caller's grad mode)."""
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)  # one row: its last position is contiguous
