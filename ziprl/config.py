@@ -216,10 +216,12 @@ class LearnerConfig:
                                    "negative-advantage tokens (one forward), else the first holding each, and log how "
                                    "the update moved those tokens' log-probs.")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
-    share_prefix: bool | None = opt(None, "run the leading tokens every turn of a micro-batch shares (the system "
-                                          "prompt) once per micro-batch, not once per turn; off with gradient "
-                                          "checkpointing. null = on a CPU (learner 1.72x faster there), off on a GPU "
-                                          "(its rows then need a masked attention kernel: 2.2x slower on an H100).")
+    share_prefix: bool | None = opt(None, "run the leading tokens turns share once: the system prompt once per "
+                                          "step, and on one rank the turns of a trajectory (each extends the one "
+                                          "before) together in a micro-batch that runs their shared prompt once; off "
+                                          "with gradient checkpointing. null = on a CPU (learner 1.72x faster there), "
+                                          "off on a GPU (its rows then need a masked attention kernel: 2.2x slower on "
+                                          "an H100).")
     steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
     seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
 
