@@ -83,7 +83,7 @@ def variants(p: int, mask: torch.Tensor) -> dict:
             "query halves": halves, "math": math}
 
 
-def timed_ms(fn, repeats: int) -> float:
+def best_ms(fn, repeats: int) -> float:
     """The fastest of ``repeats`` calls after one warm-up, in milliseconds."""
     fn()
     best = float("inf")
@@ -107,7 +107,7 @@ def measure(attend, q, k, v, grad, repeats: int) -> tuple[list[torch.Tensor], fl
         with torch.no_grad():
             attend(q, k, v)
 
-    return step(), timed_ms(step, repeats), timed_ms(forward, repeats)
+    return step(), best_ms(step, repeats), best_ms(forward, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:
