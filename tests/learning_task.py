@@ -15,7 +15,7 @@ import functools
 import json
 import random
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ziprl.config import ZipRLConfig, load_config
@@ -63,7 +63,7 @@ MAX_ONPOLICY_GAP = 1e-3  # float32 engine and learner: |log pi_learner - log pi_
 
 
 def gate_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, steps: int = STEPS, lr: float = LR,
-                extra: list[str] = ()) -> ZipRLConfig:
+                extra: Sequence[str] = ()) -> ZipRLConfig:
     """The gate's settings: react strategy (no compression owed), one turn, 2 questions x G = 8 per step,
     float32 learner (the engine's numerics exactly, so on-policy log-probs must agree)."""
     return load_config(None, [
@@ -119,12 +119,14 @@ def verdict(metrics: list[dict]) -> dict:
 
 
 @one_thread
-def run_gate(stage1: Path, dataset: Path, out_dir: Path, seed: int, mutation: str | None = None) -> dict:
-    """Train the gate's steps through ``ziprl.train``'s production path (optionally mutated); its verdict."""
+def run_gate(stage1: Path, dataset: Path, out_dir: Path, seed: int, mutation: str | None = None,
+             extra: Sequence[str] = ()) -> dict:
+    """Train the gate's steps through ``ziprl.train``'s production path (optionally mutated, ``extra`` config
+    overrides after the gate's own); its verdict."""
     from ziprl.loop.in_process import train
 
     with mutated(mutation):
-        train(gate_config(dataset, out_dir, stage1, seed), progress=False)
+        train(gate_config(dataset, out_dir, stage1, seed, extra=extra), progress=False)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return {"seed": seed, "mutation": mutation or "none", **verdict(rows)}
 
