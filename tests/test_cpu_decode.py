@@ -144,11 +144,15 @@ def test_generation_follows_new_weights(built, tiny_model_dir, tmp_path):
 
 
 @needs_bf16
-def test_a_token_outside_the_vocabulary_is_refused(built, tiny_model_dir):
+def test_a_token_outside_the_vocabulary_or_a_row_hiding_its_own_column_is_refused(built, tiny_model_dir):
     engine = engine_of(tiny_model_dir)
     tok, cache, mask, pos = prefill(engine, PROMPTS, room=2)
     with pytest.raises(RuntimeError, match="has token 49152"), torch.inference_mode():
         engine.fused_decode(torch.tensor([1, 49152, 3]), pos, mask, cache)
+    hidden = mask.clone()
+    hidden[2, -1] = 0
+    with pytest.raises(RuntimeError, match="row 2's mask leaves out its own new column"), torch.inference_mode():
+        engine.fused_decode(tok, pos, hidden, cache)
 
 
 def test_elsewhere_the_model_forward_decodes_and_says_why(tiny_model_dir):

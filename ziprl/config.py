@@ -129,8 +129,8 @@ class ModelConfig:
                             "faster than hf on short prompts, slower on long ones: README); ziprl/policy/engines/.")
     device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
     fused_decode: bool = opt(True, "hf engine, bfloat16 Llama-architecture model on a CPU with AVX-512 BF16: run each "
-                                   "decode step as one C++ call (ziprl/policy/cpu_decode.py; built on first use, "
-                                   "~30 s, then cached); false, or anywhere else: the model's own forward.")
+                                   "decode step as one C++ call (ziprl/policy/cpu_decode.py; scripts/setup.sh "
+                                   "builds it, else the first use, ~30 s); false, or anywhere else: the model's forward.")
     gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
     num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "
                               "2-core box).")

@@ -192,7 +192,8 @@ torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv
   const int64_t layers = static_cast<int64_t>(keys.size());
   TORCH_CHECK(static_cast<int64_t>(w.size()) == 3 + kPerLayer * layers && values.size() == keys.size(),
               "bf16_decode: ", w.size(), " weights for ", layers, " layers");
-  TORCH_CHECK(hd % 16 == 0 && hd <= 256 && H % 16 == 0 && inter % 16 == 0, "bf16_decode: widths must be multiples of 16");
+  TORCH_CHECK(hd % 16 == 0 && hd <= 256 && H % 16 == 0 && inter % 16 == 0,
+              "bf16_decode: widths must be multiples of 16 (head dim <= 256)");
   const int64_t B = tokens.size(0), nq = heads * hd, nkv = kv_heads * hd, width = nq + 2 * nkv;
   const int64_t group = heads / kv_heads, ctx = length + 1, half = hd / 2;
   TORCH_CHECK(mask.size(0) == B && mask.size(1) == ctx, "bf16_decode: mask must be [B, length + 1]");
@@ -200,9 +201,11 @@ torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv
   const auto* pos = positions.data_ptr<int64_t>();
   const auto* msk = mask.data_ptr<int64_t>();
   const auto* freq = inv_freq.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(tok[b] >= 0 && tok[b] < w[0].size(0) && pos[b] >= 0, "bf16_decode: row ", b, " has token ", tok[b],
                 " (vocabulary ", w[0].size(0), ") at position ", pos[b]);
+    TORCH_CHECK(msk[b * ctx + length], "bf16_decode: row ", b, "'s mask leaves out its own new column");
+  }
 
   std::vector<float> x(B * H), qkv(B * width), gu(B * 2 * inter), cosb(B * half), sinb(B * half);
   std::vector<bf16> xn(B * std::max(H, nq)), act(B * inter);
@@ -221,7 +224,9 @@ torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv
     auto* kc = reinterpret_cast<bf16*>(keys[l].data_ptr());
     auto* vc = reinterpret_cast<bf16*>(values[l].data_ptr());
     const int64_t cap = keys[l].size(2);
-    TORCH_CHECK(length < cap && keys[l].size(0) == B, "bf16_decode: KV cache has no room at column ", length);
+    TORCH_CHECK(length < cap && keys[l].size(0) == B && values[l].sizes() == keys[l].sizes() &&
+                    keys[l].scalar_type() == torch::kBFloat16 && values[l].scalar_type() == torch::kBFloat16,
+                "bf16_decode: layer ", l, "'s bf16 KV cache has no room at column ", length, " for ", B, " rows");
     rms_norm(x.data(), B, H, lw[0], eps, xn.data());
     matmul(xn.data(), B, H, lw[1], qkv.data(), false);
     for (int64_t b = 0; b < B; ++b) {  // q, k, v as bf16 projections give them; RoPE on q and k
@@ -250,7 +255,8 @@ torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv
       for (int64_t i = 0; i < inter; i += 16) {
         const __m512 g = round_bf16(_mm512_loadu_ps(&gu[b * 2 * inter + i]));
         const __m512 u = round_bf16(_mm512_loadu_ps(&gu[b * 2 * inter + inter + i]));
-        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         store16(&act[b * inter + i], _mm512_mul_ps(round_bf16(silu), u));
       }
     matmul(act.data(), B, inter, lw[5], x.data(), true);  // down projection, added to the residual
