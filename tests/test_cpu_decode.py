@@ -193,3 +193,18 @@ def test_the_package_ships_the_source_it_builds():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["ziprl"]
     shipped = SOURCE.relative_to(root / "ziprl").as_posix()
     assert SOURCE.is_file() and any(fnmatch.fnmatch(shipped, p) for p in patterns), (shipped, patterns)
+
+
+def test_the_build_stays_in_the_environment_whatever_deepspeed_sets(monkeypatch, tmp_path):
+    """Importing DeepSpeed points ``TORCH_EXTENSIONS_DIR`` at the ZipRL cache: the extension must not follow it (a
+    fresh cache would rebuild it, ~30 s, where setup.sh already built it in the environment)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from ziprl.policy.cpu_decode import build_dir
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert tmp_path not in build_dir().parents
+    if os.access(sys.prefix, os.W_OK):
+        assert Path(sys.prefix) in build_dir().parents

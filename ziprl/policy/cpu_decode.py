@@ -39,10 +39,9 @@ def cpu_has_avx512_bf16() -> bool:
 
 
 def build_dir() -> Path:
-    """Where the extension is built: ``$TORCH_EXTENSIONS_DIR``, else inside this Python environment (it is compiled
-    against the environment's torch) where that is writable, else the ZipRL cache."""
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return Path(os.environ["TORCH_EXTENSIONS_DIR"]) / NAME
+    """Where the extension is built: inside this Python environment (it is compiled against the environment's torch)
+    where that is writable, else the ZipRL cache. Not ``$TORCH_EXTENSIONS_DIR``: importing DeepSpeed sets that to the
+    ZipRL cache (:func:`ziprl.learner.distributed.import_deepspeed`), which would rebuild it per cache."""
     if os.access(sys.prefix, os.W_OK):
         return Path(sys.prefix) / "share" / "ziprl" / "extensions" / NAME
     return cache_root() / "torch_extensions" / NAME
