@@ -64,8 +64,9 @@ def unsupported(model: Any) -> str | None:
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if model.dtype != torch.bfloat16 or model.device.type != "cpu":
         return f"the model is {model.dtype} on {model.device.type}, not bfloat16 on cpu"
-    if config.model_type != "llama" or getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return f"model_type {config.model_type!r} with biases is not a plain Llama decoder"
+    biases = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    if config.model_type != "llama" or biases:
+        return f"model_type {config.model_type!r}{' with biases' if biases else ''} is not a plain Llama decoder"
     if getattr(config, "hidden_act", "silu") != "silu" or rotary is None or getattr(rotary, "rope_type", "") not in (
             "default", "linear", "llama3"):
         return "only SiLU MLPs and position-independent RoPE frequencies (default, linear, llama3) are supported"
@@ -93,7 +94,7 @@ class FusedDecode:
         self.eps = float(c.rms_norm_eps)
         rotary = model.model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float().contiguous()
-        self.rope_scaling = float(rotary.attention_scaling)
+        self.attention_scaling = float(rotary.attention_scaling)
         self.pack()
 
     def pack(self) -> None:
@@ -136,7 +137,7 @@ class FusedDecode:
             for layer in layers:  # full: grow every layer's room once (one copy)
                 layer._set(layer.with_room(layer.keys, length + 1 + layer.room),
                            layer.with_room(layer.values, length + 1 + layer.room), length)
-        logits = self.ext.step(self.weights, self.inv_freq, self.dims, self.eps, self.rope_scaling,
+        logits = self.ext.step(self.weights, self.inv_freq, self.dims, self.eps, self.attention_scaling,
                                tokens.contiguous(), positions.contiguous(), mask.to(torch.long).contiguous(),
                                [layer._key_buf for layer in layers], [layer._value_buf for layer in layers], length)
         for layer in layers:

@@ -184,7 +184,7 @@ constexpr int kPerLayer = 6;
 // dims: hidden, heads, kv heads, head dim, intermediate, vocab. Rows b feed tokens[b] at positions[b]; mask
 // [B, length + 1] marks the cache columns each row attends to (its own new one, column `length`, included).
 torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv_freq, std::vector<int64_t> dims,
-                   double eps, double rope_scaling, const torch::Tensor& tokens, const torch::Tensor& positions,
+                   double eps, double attention_scaling, const torch::Tensor& tokens, const torch::Tensor& positions,
                    const torch::Tensor& mask, const std::vector<torch::Tensor>& keys,
                    const std::vector<torch::Tensor>& values, int64_t length) {
   TORCH_CHECK(dims.size() == 6, "bf16_decode: dims are hidden, heads, kv heads, head dim, intermediate, vocab");
@@ -214,8 +214,8 @@ torch::Tensor step(const std::vector<torch::Tensor>& w, const torch::Tensor& inv
     for (int64_t i = 0; i < H; ++i) x[b * H + i] = to_float(embed[tok[b] * H + i]);
     for (int64_t i = 0; i < half; ++i) {
       const float a = static_cast<float>(pos[b]) * freq[i];
-      cosb[b * half + i] = std::cos(a) * static_cast<float>(rope_scaling);
-      sinb[b * half + i] = std::sin(a) * static_cast<float>(rope_scaling);
+      cosb[b * half + i] = std::cos(a) * static_cast<float>(attention_scaling);
+      sinb[b * half + i] = std::sin(a) * static_cast<float>(attention_scaling);
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
