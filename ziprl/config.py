@@ -126,7 +126,7 @@ class ModelConfig:
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
     engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
                             "lazily imported) | llamacpp (CPU, Llama-architecture models, the llamacpp extra; "
-                            "faster than hf on short prompts, slower on long ones: README); ziprl/policy/engines/.")
+                            "slower than hf where hf's fused bf16 decode steps run: README); ziprl/policy/engines/.")
     device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
     fused_decode: bool = opt(True, "hf engine, bfloat16 Llama-architecture model on a CPU with AVX-512 BF16: run each "
                                    "decode step as one C++ call (ziprl/policy/cpu_decode.py; scripts/setup.sh "
