@@ -109,6 +109,8 @@ class HFEngine(GenerationEngine):
         gen = generator(self.device, seed)
         logits, cache, mask, next_pos = self._prefill(prompts, room=min(sampling.max_new_tokens, 256))
         rows = DecodeRows(self._tokenizer, self.eos_ids, prompts, sampling)
+        # dropping finished rows and growing the room keep a cache the fused step can write: check it once
+        fused = self.fused_decode if self.fused_decode is not None and self.fused_decode.usable(cache) else None
         for step in range(sampling.max_new_tokens):
             logits = logits.float()
             next_tok = sample(logits, sampling, greedy, gen)
@@ -120,8 +122,8 @@ class HFEngine(GenerationEngine):
                 cache.batch_select_indices(idx)
                 mask, next_pos, next_tok = mask[idx], next_pos[idx], next_tok[idx]
             mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
-            if self.fused_decode is not None and self.fused_decode.usable(cache):
-                logits = self.fused_decode(next_tok, next_pos, mask, cache)
+            if fused is not None:
+                logits = fused(next_tok, next_pos, mask, cache)
             else:
                 logits = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                     use_cache=True, **{cache_kwarg(self.model): cache}).logits[:, -1, :]
