@@ -8,19 +8,31 @@ both sides, so their ratio compares equal work; sampled rows compare tokens/s.
 Tokens per CPU-second (with ``--threads 1``) is the steadier number on a shared machine.
 
 Run: ``.venv/bin/python benchmarks/engine_throughput.py [--batch 8] [--new-tokens 64] [--repeats 5] [--threads 1]``
+
+``--arch smollm2-135m,qwen3-1.7b`` (benchmarks/gpu_step.py's shapes, random weights, SmolLM2's tokenizer) instead
+times HFEngine's static-cache decode (``model.static_decode``: CUDA graphs on CUDA) against its plain loop, bf16 on
+CUDA (float32 on a CPU), ``--rows`` rows of ``--prompt-tokens`` tokens (each up to a quarter shorter) sampled at
+T = 0.8 for ``--new-tokens``, alternating; beside them the memory-bound ceiling: rows x the measured copy bandwidth /
+the weight bytes a step reads (and with each row's KV cache read too), and the share of greedy rows whose tokens the
+two loops agree on. ``--arch tiny --device cpu`` is the smoke run. Results: benchmarks/results/<--name>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from _common import write_results
+from gpu_step import ARCHS, build_model, unknown_archs
 
 from ziprl.config import ModelConfig, SamplingConfig
-from ziprl.policy import HFEngine, resolve_model_path
+from ziprl.policy import HFEngine, load_tokenizer, resolve_model_path
 
 QUESTIONS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -114,16 +126,109 @@ def measure_env_share(engine: HFEngine, questions: int, turns: int) -> dict:
             "generation_share": (engine.generation_seconds - gen0) / total, "env_scoring_share": spent["env"] / total}
 
 
-def main() -> None:
+def copy_bandwidth(device: str, mib: int = 512) -> float:
+    """Bytes/s of the best of five copies of ``mib`` MiB on ``device`` (each reads and writes them)."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):  # the first warms up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() / best
+
+
+def shape_prompts(vocab: int, rows: int, prompt_tokens: int, rng: random.Random) -> list[list[int]]:
+    """``rows`` prompts of random ids (no special tokens), each up to a quarter shorter than ``prompt_tokens``."""
+    lengths = [prompt_tokens - rng.randrange(prompt_tokens // 4 + 1) for _ in range(rows)]
+    return [[rng.randrange(1000, vocab) for _ in range(n)] for n in lengths]
+
+
+def tokens_per_second(engine: HFEngine, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> float:
+    before, start = engine.tokens_generated, time.perf_counter()
+    engine.generate(prompts, sampling, seed=seed)
+    return (engine.tokens_generated - before) / (time.perf_counter() - start)
+
+
+def measure_shape(arch: str, rows: int, prompt_tokens: int, new_tokens: int, repeats: int, device: str,
+                  workdir: Path, tokenizer_dir: str | None = None) -> dict:
+    """Median tokens/s of the static and the plain decode loop at ``arch``'s shape (alternating, after a warm-up run
+    each), the memory-bound ceilings and the greedy agreement (see the module docstring). SmolLM2's tokenizer from
+    ``tokenizer_dir``, else the embedded model's."""
+    tokenizer = load_tokenizer(tokenizer_dir or resolve_model_path(ModelConfig()))
+    path = build_model(arch, tokenizer, workdir / arch, device)
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    engines = {name: HFEngine(path, dtype=dtype, device=device, static_decode=name == "static")
+               for name in ("static", "plain")}
+    model = engines["static"].model
+    prompts = shape_prompts(model.config.vocab_size, rows, prompt_tokens, random.Random(0))
+    sampling = SamplingConfig(temperature=0.8, max_new_tokens=new_tokens, stop=[])
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(repeats + 1):
+        for name, engine in engines.items():
+            rate = tokens_per_second(engine, prompts, sampling, seed=r)
+            if r:  # run 0 warms up (and captures the graphs)
+                rates[name].append(rate)
+    greedy = SamplingConfig(greedy=True, max_new_tokens=min(new_tokens, 16), stop=[])
+    same = [a.token_ids == b.token_ids for a, b in zip(*(e.generate(prompts, greedy) for e in engines.values()),
+                                                       strict=True)]
+    attn = model.model.layers[0].self_attn
+    kv_bytes = len(model.model.layers) * 2 * attn.k_proj.out_features * model.dtype.itemsize  # per cached token
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth(device, 512 if device == "cuda" else 64)
+    context = statistics.mean(map(len, prompts)) + new_tokens / 2
+    static, plain = statistics.median(rates["static"]), statistics.median(rates["plain"])
+    row = {"arch": arch, "device": device, "dtype": dtype, "rows": rows, "prompt_tokens": prompt_tokens,
+           "new_tokens": new_tokens, "static_tok_s": static, "plain_tok_s": plain, "speedup": static / plain,
+           "captures": engines["static"].static_decode.captures, "same_tokens": sum(same) / len(same),
+           "weight_bytes": weight_bytes, "bandwidth_gb_s": bandwidth / 1e9,
+           "ceiling_tok_s": rows * bandwidth / weight_bytes,
+           "ceiling_with_kv_tok_s": rows * bandwidth / (weight_bytes + rows * context * kv_bytes)}
+    print(f"{arch} x {rows} rows on {device}: static {static:,.0f} tok/s, plain {plain:,.0f} tok/s "
+          f"({static / plain:.1f}x); memory-bound ceiling {row['ceiling_tok_s']:,.0f} tok/s ({weight_bytes / 1e9:.2f} "
+          f"GB of weights a step at {bandwidth / 1e9:,.0f} GB/s, x {rows} rows), {row['ceiling_with_kv_tok_s']:,.0f} "
+          f"with each row's KV cache read", flush=True)
+    return row
+
+
+def shapes_main(args: argparse.Namespace) -> int:
+    """``--arch``: :func:`measure_shape` per architecture, results written after each."""
+    if unknown_archs(args.arch, "engine_throughput"):
+        return 2
+    device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    meta = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
+            "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="engine_throughput-") as tmp:
+        for arch in args.arch.split(","):
+            rows.append(measure_shape(arch, args.rows, args.prompt_tokens, args.new_tokens, args.repeats, device,
+                                      Path(tmp), args.tokenizer))
+            write_results(args.name, rows, meta)
+    return 0
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--env-questions", type=int, default=2, help="questions for the env-share rollout (0 skips it)")
+    ap.add_argument("--arch", help=f"comma-separated shapes of {', '.join(ARCHS)}: static against plain decode")
+    ap.add_argument("--rows", type=int, default=64, help="--arch: rows of one batch")
+    ap.add_argument("--prompt-tokens", type=int, default=1024, help="--arch: prompt length")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="--arch: auto = CUDA if any")
+    ap.add_argument("--name", default="engine_throughput_shapes", help="--arch: results file name")
+    ap.add_argument("--tokenizer", help="--arch: a directory holding SmolLM2's tokenizer; default: the embedded model's")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.arch:
+        return shapes_main(args)
     engine = HFEngine(resolve_model_path(ModelConfig()), device="cpu")
     questions = (QUESTIONS * (args.batch // len(QUESTIONS) + 1))[: args.batch]
     prompts = [engine.encode_chat([{"role": "user", "content": q}]) for q in questions]
@@ -138,7 +243,8 @@ def main() -> None:
         rows.append(measure_env_share(engine, args.env_questions, turns=4))
     write_results("engine_throughput", rows, meta={"model": "SmolLM2-135M-Instruct (float32, CPU)",
                                                     "torch_threads": torch.get_num_threads()})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -46,7 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, write_results  # noqa: E402
 
-ARCHS = {  # name: (transformers config class, its published shape)
+ARCHS = {  # name: (transformers config class, its published shape; tiny: a 2-layer smoke-test shape)
+    "tiny": ("LlamaConfig", dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                 max_position_embeddings=8192)),
     "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                                          head_dim=64, rope_theta=100000.0, max_position_embeddings=8192)),
@@ -68,8 +71,9 @@ PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_
          "passes", "gemm_peak_tflops", "computed_tokens", "trained_tokens")
 
 
-def build_model(arch: str, tokenizer, out: Path) -> Path:
-    """A random-initialised ``arch`` (tied embeddings, bf16 on disk) with ``tokenizer``, saved to ``out``."""
+def build_model(arch: str, tokenizer, out: Path, device: str = "cuda") -> Path:
+    """A random-initialised ``arch`` (tied embeddings, bf16 on disk; built on ``device``) with ``tokenizer``, saved to
+    ``out``."""
     import torch
     import transformers
 
@@ -77,12 +81,13 @@ def build_model(arch: str, tokenizer, out: Path) -> Path:
     config = getattr(transformers, cls_name)(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 

@@ -1,6 +1,7 @@
-"""GPU-only checks (run by scripts/gpu_check.sh): HFEngine on CUDA, a DeepSpeed bf16 ZeRO step, the collective
-weight push over NCCL between two processes, and vLLM when installed. A random tiny Llama and a tokenizer built
-here (tests/local_model.py): nothing downloaded. Every test skips with its reason on a machine without CUDA."""
+"""GPU-only checks (run by scripts/gpu_check.sh): HFEngine on CUDA (its static-cache decode steps captured as CUDA
+graphs), a DeepSpeed bf16 ZeRO step, the collective weight push over NCCL between two processes, and vLLM when
+installed. A random tiny Llama and a tokenizer built here (tests/local_model.py): nothing downloaded. Every test
+skips with its reason on a machine without CUDA."""
 
 from __future__ import annotations
 
@@ -61,6 +62,59 @@ def test_hf_engine_generates_on_cuda_with_the_cpu_log_probs(model_dir):
     bf16 = HFEngine(model_dir, dtype="bfloat16", device="cuda")
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     assert bf16.generate([prompt], SamplingConfig(max_new_tokens=4), seed=0)[0].token_ids
+
+
+def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refresh(model_dir):
+    """HFEngine on CUDA decodes over its static KV cache by default: in float32 the plain loop's greedy tokens and
+    log-probs, with a row ending early (a stop string) and the rest moving to a smaller bucket; each shape captured
+    once and replayed after; a weight refresh copied into the weights the graphs read (no new capture, the new
+    weights' tokens); sampled log-probs equal to a teacher-forced pass; bf16 runs too."""
+    from ziprl.config import SamplingConfig
+    from ziprl.learner.sft import chat_prompt_ids
+    from ziprl.policy import HFEngine, load_model
+
+    static, plain = HFEngine(model_dir, device="cuda"), HFEngine(model_dir, device="cuda", static_decode=False)
+    assert static.static_decode is not None and static.static_decode.capture
+    base = chat_prompt_ids(static.tokenizer, [{"role": "user", "content": "who wrote the book"}])
+    prompts = [base, base[:5], base + base[:7], base[3:]]
+    free = plain.generate(prompts, SamplingConfig(greedy=True, max_new_tokens=40, stop=[]))
+    stop = free[0].text[10:13]  # ends row 0 after a few tokens, the others later or at the limit
+    assert len(stop) == 3
+    greedy = SamplingConfig(greedy=True, max_new_tokens=40, stop=[stop])
+    want = plain.generate(prompts, greedy)
+    got = static.generate(prompts, greedy)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert len(got[0].token_ids) < 40
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+    captured = static.static_decode.captures
+    assert captured >= 1
+    again = static.generate(prompts, greedy)  # the graphs replayed (the first call ran each shape once eagerly)
+    assert static.static_decode.captures == captured  # the same shapes: replayed, not captured again
+    assert [g.token_ids for g in again] == [g.token_ids for g in got]
+    for a, b in zip(again, got, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    full = SamplingConfig(greedy=True, max_new_tokens=40, stop=[])  # every row to the limit: the same shapes after
+    before = static.generate(prompts, full)
+    captured, addresses = static.static_decode.captures, [p.data_ptr() for p in static.model.parameters()]
+    named = dict(_perturbed(load_model(model_dir, "float32", "cpu")))
+    static.load_weights(named, 1)
+    plain.load_weights(named, 1)
+    assert [p.data_ptr() for p in static.model.parameters()] == addresses
+    moved = static.generate(prompts, full)
+    assert static.static_decode.captures == captured  # the graphs read the new weights where the old ones were
+    assert moved[1].logprobs != before[1].logprobs  # the new weights' distribution
+    assert [g.token_ids for g in moved] == [g.token_ids for g in plain.generate(prompts, full)]
+    sampled = static.generate(prompts, SamplingConfig(temperature=0.8, top_p=0.9, max_new_tokens=24, stop=[]), seed=0)
+    for g, p in zip(sampled, prompts, strict=True):
+        with torch.no_grad():
+            logits = static.model(input_ids=torch.tensor([p + g.token_ids], device="cuda")).logits[0].float()
+        ref = torch.log_softmax(logits[len(p) - 1 : -1], -1).gather(1, torch.tensor(g.token_ids, device="cuda")[:, None])
+        np.testing.assert_allclose(g.logprobs, ref.squeeze(1).cpu().numpy(), atol=1e-3)
+    bf16 = HFEngine(model_dir, dtype="bfloat16", device="cuda")
+    for g in bf16.generate(prompts, SamplingConfig(max_new_tokens=16, stop=[]), seed=0):  # a sampled row may end early
+        assert 1 <= len(g.token_ids) <= 16
+        assert len(g.token_ids) == 16 or g.token_ids[-1] in bf16.eos_ids, g.finish_reason
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -52,7 +52,14 @@ from ziprl.learner.batch import (
     response_logprobs_and_entropy,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
-from ziprl.learner.hardware import GemmPeak, bf16_pays, device_clock, model_flop_utilisation
+from ziprl.learner.hardware import (
+    GemmPeak,
+    ModelSize,
+    choose_learner,
+    device_clock,
+    hardware,
+    model_flop_utilisation,
+)
 from ziprl.learner.prefix import StepPrefix
 from ziprl.paths import atomic_dir
 from ziprl.policy.kv import shared_prefix_len
@@ -134,22 +141,28 @@ class Trainer:
     """
 
     def __init__(self, cfg: ZipRLConfig, model_path: str | Path | None = None) -> None:
-        self.cfg = cfg.validate()
-        lc = cfg.learner
+        cfg.validate()
         self.model_path = Path(model_path) if model_path is not None else resolve_model_path(cfg.model)
         device = resolve_device(cfg.model.device)
-        self.bf16 = bf16_pays(device) if lc.bf16 is None else lc.bf16
+        self._ds = init_distributed(cfg.model)
+        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+        model = load_model(self.model_path, "float32", "cpu", cfg.model.trust_remote_code, writable=True)
+        # the learner's nulls (bf16, token budget, shared prefix, ZeRO stage) chosen for this hardware and model
+        self.choice = choose_learner(hardware(device, world_size(), measure_bf16=cfg.learner.bf16 is None),
+                                     ModelSize.of(model), cfg.learner)
+        if rank() == 0:
+            print(self.choice.summary(), flush=True)
+        self.cfg = cfg = dataclasses.replace(cfg, learner=self.choice.learner)
+        lc = cfg.learner
+        self.bf16 = lc.bf16
         if self.bf16 and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             raise ConfigError("learner.bf16: this CPU has no bfloat16 kernels; set learner.bf16=false (float32)")
         ds_bf16 = self.bf16 and device == "cuda" and lc.zero_stage >= 1  # DeepSpeed keeps the float32 master
         self._autocast = self.bf16 and not ds_bf16
         self.tis_cap = tis_cap(cfg, self.bf16)
-        self._ds = init_distributed(cfg.model)
         self.zero_stage = lc.zero_stage
-        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
-        self.pad_id = int(self.tokenizer.pad_token_id)
-
-        model = load_model(self.model_path, "float32", "cpu", cfg.model.trust_remote_code, writable=True)
         if lc.gradient_checkpointing:
             enable_checkpointing(model)
         # fused: one kernel per step on CPU and GPU (the per-tensor loop is ~7x slower on CPU)

@@ -1,5 +1,5 @@
-"""What every CPU engine's decode loop shares: the next-token draw, the behaviour log-prob of each token, and the
-per-row bookkeeping of EOS, stop strings and finish reasons.
+"""What the decode loops of HFEngine (CPU or GPU) and the llama.cpp engine share: the next-token draw, the behaviour
+log-prob of each token, and the per-row bookkeeping of EOS, stop strings and finish reasons.
 
 Behaviour log-probs are ``log_softmax(logits)[token]`` of the model's RAW next-token distribution (temperature 1,
 no top-p truncation, float32, full vocabulary), whatever temperature/top-p the token was drawn with: the learner
@@ -24,16 +24,23 @@ def sample(logits: torch.Tensor, sampling: SamplingConfig, greedy: bool, gen: to
     vocabulary entry: 12% of a batch-8 decode step of a 49k-token vocabulary on this CPU)."""
     if greedy:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
+    u = 1.0 - torch.rand((logits.size(0), 1), generator=gen, device=logits.device)
+    return draw(logits, sampling.temperature, sampling.top_p if sampling.top_p < 1.0 else None, u)
+
+
+def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float | torch.Tensor | None,
+         u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose CDF under softmax(logits / temperature), restricted to the ``top_p`` nucleus
+    (None: the whole vocabulary), reaches ``u`` ([rows, 1], in (0, 1]) of the row's total mass. No host round trip:
+    :mod:`ziprl.policy.static_decode` draws inside its captured steps, ``temperature`` and ``top_p`` as tensors."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p is not None:
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_p.cumsum(dim=-1) - sorted_p > sampling.top_p  # mass before the token already >= p
+        outside = sorted_p.cumsum(dim=-1) - sorted_p > top_p  # mass before the token already >= p
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(outside, 0.0))
     cdf = probs.cumsum(dim=-1)
-    # u in (0, 1] of each row's total mass: the first token whose CDF reaches it; a zero-probability token never
-    # holds the first CDF value >= u > 0, so it is never drawn
-    u = (1.0 - torch.rand((probs.size(0), 1), generator=gen, device=probs.device)) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp_(max=probs.size(-1) - 1).squeeze(1)
+    # a zero-probability token never holds the first CDF value >= u > 0, so it is never drawn
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=probs.size(-1) - 1).squeeze(1)
 
 
 def eos_ids(generation_eos: int | list[int] | None, tokenizer: Any) -> frozenset[int]:
@@ -80,8 +87,12 @@ class DecodeRows:
         """Append each active row's token and its raw log-prob under ``logits`` ([rows, V], float32); returns the
         batch positions of the rows still running, which become ``active``."""
         token_lp = torch.log_softmax(logits, dim=-1).gather(1, next_tok[:, None]).squeeze(1)
+        return self.record_tokens(next_tok.tolist(), token_lp.tolist())
+
+    def record_tokens(self, tokens: list[int], logprobs: list[float]) -> list[int]:
+        """:meth:`record` of tokens and their raw log-probs already computed (one per active row, in batch order)."""
         keep = []
-        for j, (r, t, lp) in enumerate(zip(self.active, next_tok.tolist(), token_lp.tolist(), strict=True)):
+        for j, (r, t, lp) in enumerate(zip(self.active, tokens, logprobs, strict=True)):
             self.tokens[r].append(t)
             self.logprobs[r].append(lp)
             if t in self.eos_ids:

@@ -1,4 +1,5 @@
-"""Generation with HF transformers (CPU or GPU): a plain prefill + KV-cache decode loop.
+"""Generation with HF transformers (CPU or GPU): a plain prefill + KV-cache decode loop, or on CUDA a decode loop over
+a static KV cache with its steps captured as CUDA graphs (:mod:`ziprl.policy.static_decode`).
 
 Behaviour log-probs, sampling and stops are :mod:`ziprl.policy.decoding`'s (raw log-probs at temperature 1, as
 vLLM's default reports them; EOS, a stop string or ``max_new_tokens`` ends a row). Finished rows leave the batch
@@ -34,6 +35,7 @@ from ziprl.policy.kv import (
     stack_rows,
 )
 from ziprl.policy.models import load_model, load_tokenizer
+from ziprl.policy.static_decode import static_decode as make_static_decode
 
 # Rows are prefilled one at a time when more than this share of a padded batch prefill would be padding. Measured on
 # one CPU thread, batch 8: agent turns (43% padding, 170-650 own tokens a row) 1.8x faster row by row; chat
@@ -60,13 +62,18 @@ class HFEngine(GenerationEngine):
     linear weights packed for oneDNN (:mod:`ziprl.policy.cpu_linear`; repacked at every ``load_weights``); a given model
     is left as is. ``fused_decode``: a bfloat16 Llama model it loads on a CPU with AVX-512 BF16 decodes one C++ call a
     step instead (:mod:`ziprl.policy.cpu_decode`; ``fused_decode_off`` says why not where it cannot).
+    ``static_decode`` (``model.static_decode``; None = on CUDA for a model it loads): decode over a static KV cache,
+    CUDA graphs on CUDA, the tokens drawn on the device (:mod:`ziprl.policy.static_decode`; ``static_decode_off``
+    says why not). With it a weight refresh copies into the model's tensors instead of rebinding them.
     """
 
     def __init__(self, path: str | Path | None = None, *, model: Any = None, tokenizer: Any = None,
                  dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False,
-                 share_prefix: bool = True, unpadded_prefill: bool | None = None, fused_decode: bool = True) -> None:
+                 share_prefix: bool = True, unpadded_prefill: bool | None = None, fused_decode: bool = True,
+                 static_decode: bool | None = None) -> None:
         packed, self.fused_decode, self.fused_decode_off = False, None, "given a loaded model"
-        if model is None:
+        given = model is not None
+        if not given:
             if path is None:
                 raise ValueError("HFEngine needs a model path, or a loaded model and tokenizer")
             model = load_model(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
@@ -87,6 +94,9 @@ class HFEngine(GenerationEngine):
         self._tokenizer = tokenizer
         self.eos_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.static_decode, self.static_decode_off = (
+            make_static_decode(model, static_decode, self.pad_id) if static_decode is not None or not given
+            else (None, "given a loaded model"))
         self.weights_device = str(self.device)
         self.weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.version = 0
@@ -107,8 +117,22 @@ class HFEngine(GenerationEngine):
         start = time.perf_counter()
         greedy = sampling.greedy or sampling.temperature == 0
         gen = generator(self.device, seed)
-        logits, cache, mask, next_pos = self._prefill(prompts, room=min(sampling.max_new_tokens, 256))
+        room = 0 if self.static_decode is not None else min(sampling.max_new_tokens, 256)
+        logits, cache, mask, next_pos = self._prefill(prompts, room=room)
         rows = DecodeRows(self._tokenizer, self.eos_ids, prompts, sampling)
+        if self.static_decode is not None:
+            self.static_decode.load(cache, mask, next_pos, sampling.max_new_tokens)
+            del cache  # its keys and values are in the static cache now
+            self.static_decode.decode(rows, logits, sampling, greedy, gen)
+        else:
+            self._decode(rows, logits, cache, mask, next_pos, sampling, greedy, gen)
+        self.tokens_generated += rows.count
+        self.generation_seconds += time.perf_counter() - start
+        return rows.generations()
+
+    def _decode(self, rows: DecodeRows, logits: torch.Tensor, cache: Any, mask: torch.Tensor, next_pos: torch.Tensor,
+                sampling: SamplingConfig, greedy: bool, gen: torch.Generator) -> None:
+        """The plain decode loop: a forward (or a fused step) per token, finished rows dropped from the batch."""
         # dropping finished rows and growing the room keep a cache the fused step can write: check it once
         fused = self.fused_decode if self.fused_decode is not None and self.fused_decode.usable(cache) else None
         for step in range(sampling.max_new_tokens):
@@ -128,9 +152,6 @@ class HFEngine(GenerationEngine):
                 logits = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                     use_cache=True, **{cache_kwarg(self.model): cache}).logits[:, -1, :]
             next_pos = next_pos + 1
-        self.tokens_generated += rows.count
-        self.generation_seconds += time.perf_counter() - start
-        return rows.generations()
 
     def _prefill(self, prompts: list[list[int]], room: int) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Forward over the prompts; returns the last logits ``[B, V]``, the KV cache (with ``room`` free positions),
@@ -162,7 +183,8 @@ class HFEngine(GenerationEngine):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                              logits_to_keep=last_positions(1, width, self.device))
         cache = output_cache(out)
-        reserve_room(cache, room)
+        if room:
+            reserve_room(cache, room)
         return out.logits[:, -1, :], cache, mask, next_pos
 
     def _prefill_rows(self, prompts: list[list[int]], s: int) -> tuple[torch.Tensor, list[Any]]:
@@ -188,7 +210,8 @@ class HFEngine(GenerationEngine):
         A contiguous CPU array of the parameter's own dtype is used in place, not copied: arrays that
         ``ray.get`` returns are views of the node's shared object store, so N rollout actors on a node
         share one copy and a push costs no memory traffic. The caller must not modify such arrays later.
-        Anything else (another dtype, a GPU model) is cast into fresh memory.
+        Anything else (another dtype, a GPU model) is cast into fresh memory. With ``static_decode`` every value is
+        copied into the parameter's own memory instead, where the captured decode steps read it.
         Names are HF state-dict names; tied weights (e.g. ``lm_head.weight`` / ``model.embed_tokens.weight``)
         may come under either name or both. Unknown names, shape mismatches and parameters left without a
         new value raise.
@@ -213,8 +236,10 @@ class HFEngine(GenerationEngine):
         with torch.no_grad():
             for name, value in new.items():
                 target = targets[name]
-                # Rebind, never write in place: the old storage may be a read-only object-store array.
-                target.data = value.to(device=target.device, dtype=target.dtype).contiguous()
+                if self.static_decode is not None:  # never rebound, so never a read-only object-store array
+                    target.data.copy_(value)
+                else:  # rebind, never write in place: the old storage may be a read-only object-store array
+                    target.data = value.to(device=target.device, dtype=target.dtype).contiguous()
         if self.packed_linears:
             repack(self.model)
         if self.fused_decode is not None:

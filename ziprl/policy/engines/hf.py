@@ -17,7 +17,7 @@ def engine_class() -> type[GenerationEngine]:
 
 def build(cls: type[GenerationEngine], m: ModelConfig, path: Path) -> GenerationEngine:
     return cls(path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code,
-               fused_decode=m.fused_decode)
+               fused_decode=m.fused_decode, static_decode=m.static_decode)
 
 
 # float32 weights compute the learner's float32 log-probs exactly

