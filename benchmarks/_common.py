@@ -1,22 +1,96 @@
-"""Shared by the benchmark scripts: write results as JSON and a markdown table under benchmarks/results/."""
+"""Shared by the benchmark scripts: write results as JSON and a markdown table under benchmarks/results/, each file
+headed by where the result comes from (:func:`provenance`)."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import platform
-import time
+import shlex
+import shutil
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 from ziprl.paths import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parents[1]
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")  # the ones kernels choose by
 
 
-def machine() -> dict[str, str | int]:
-    import os
+def _run(cmd: list[str]) -> str | None:
+    """``cmd``'s stripped stdout, None when it cannot run or fails."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
-    return {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count() or 0, "date": time.strftime("%Y-%m-%d")}
+
+def git_commit() -> str:
+    """``git rev-parse HEAD``, with ``-dirty`` when tracked files outside benchmarks/results differ from it (results
+    are this code's output, not its input); ``unknown`` outside a git checkout."""
+    head = _run(["git", "rev-parse", "HEAD"])
+    if head is None:
+        return "unknown"
+    changed = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                    ":(exclude)benchmarks/results"])
+    return head + ("-dirty" if changed else "")
+
+
+COMMIT = git_commit()  # at import: the code a benchmark started with, whatever is committed while it runs
+
+
+def cpuinfo() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (empty where there is none)."""
+    path, fields = Path("/proc/cpuinfo"), {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def machine() -> dict[str, str | int | list[str] | None]:
+    """CPU model, cores, the CPU flags that choose kernels, torch version and GPU (None without one)."""
+    cpu = cpuinfo()
+    flags = set(cpu.get("flags", "").split())
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = None
+    gpu = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
+    return {"cpu": cpu.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count() or 0,
+            "cpu_flags": [f for f in CPU_FLAGS if f in flags], "python": platform.python_version(), "torch": torch,
+            "gpu": "; ".join(gpu.splitlines()) if gpu else None}
+
+
+def command_line() -> str:
+    """How this process was started, paths as :func:`portable` writes them."""
+    return shlex.join(["python", *[portable(a) if a.startswith(("/", "~")) else a for a in sys.argv]])
+
+
+def provenance(config: str | Path | dict | None = None) -> dict:
+    """Where a result comes from: commit, command line, config (a path: where it is and what it says; a dict: as
+    given), machine and date (UTC)."""
+    if isinstance(config, str | Path):
+        path = Path(config)
+        config = {"path": portable(path), "text": path.read_text() if path.is_file() else None}
+    return {"commit": COMMIT, "command": command_line(), "config": config, "machine": machine(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def markdown_header(prov: dict) -> list[str]:
+    """The lines a results markdown file starts with: :func:`provenance` for a reader."""
+    m, config = prov["machine"], prov["config"]
+    where = config.get("path", "given in the JSON") if isinstance(config, dict) else "none"
+    flags = ", ".join(m["cpu_flags"]) or "none of " + "/".join(CPU_FLAGS)
+    return [f"- commit: `{prov['commit']}`", f"- command: `{prov['command']}`", f"- config: `{where}`",
+            f"- machine: {m['cpu']}, {m['cores']} cores ({flags}); torch {m['torch']}; GPU {m['gpu'] or 'none'}",
+            f"- date: {prov['date']}", ""]
 
 
 def portable(path: str | Path | None) -> str | None:
@@ -27,22 +101,25 @@ def portable(path: str | Path | None) -> str | None:
     if path is None:
         return None
     p = Path(path).expanduser().resolve()
-    for root, label in ((RESULTS.parents[1], "."), (cache_root().resolve(), "<ZIPRL_CACHE>")):
+    for root, label in ((REPO, "."), (cache_root().resolve(), "<ZIPRL_CACHE>")):
         if p.is_relative_to(root):
             return str(Path(label) / p.relative_to(root))
     return p.name
 
 
-def write_results(name: str, rows: list[dict], meta: dict | None = None) -> tuple[Path, Path]:
-    """Write ``results/<name>.json`` (rows + meta + machine) and ``results/<name>.md`` (a table of rows)."""
+def write_results(name: str, rows: list[dict], meta: dict | None = None,
+                  config: str | Path | dict | None = None) -> tuple[Path, Path]:
+    """Write ``results/<name>.json`` (rows, meta and :func:`provenance`) and ``results/<name>.md`` (the provenance,
+    then a table of rows)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    prov = provenance(config)
     js = RESULTS / f"{name}.json"
-    atomic_write_text(js, json.dumps({"rows": rows, "meta": meta or {}, "machine": machine()}, indent=2) + "\n")
+    atomic_write_text(js, json.dumps({"rows": rows, "meta": meta or {}, **prov}, indent=2) + "\n")
     cols = list(dict.fromkeys(k for r in rows for k in r))
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     md = RESULTS / f"{name}.md"
-    atomic_write_text(md, "\n".join(lines) + "\n")
+    atomic_write_text(md, "\n".join(markdown_header(prov) + lines) + "\n")
     print("\n".join(lines))
     return js, md

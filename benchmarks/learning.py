@@ -1,87 +1,124 @@
-"""Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issue 21, part 2).
+"""Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issues 21 and 47).
 
-    python benchmarks/learning.py [--config configs/learn-cpu.yaml] [--seeds 0,1,2] [--steps N]
-                                  [--eval-every K] [--eval-limit 30] [--out runs/learning] [--workers 2]
-                                  [--name learning]
+    python benchmarks/learning.py [--task invented|real] [--quick] [--config FILE] [--seeds 0,1,2] [--steps N]
+                                  [--eval-every K] [--eval-limit 100] [--eval-samples 2 | --greedy]
+                                  [--out runs/learning-<task>] [--workers 2] [--name learning_<task>[_quick]]
 
-Questions, all over the pooled corpus (HotpotQA + MuSiQue passages, 6,850):
-- training: HotpotQA train (100) + MuSiQue train (100) + HotpotQA dev-distractor questions 0-199;
-- held-out: HotpotQA dev-distractor questions 200-299, seen neither by the demonstrations nor by RL.
+Questions (``--task``), each task over its own corpus:
+- ``invented`` (configs/learn-invented.yaml): training questions of the registered dataset ``invented``; held out,
+  ``invented-heldout``: questions about invented entities no training question names;
+- ``real`` (configs/learn-cpu.yaml): training HotpotQA train (100) + MuSiQue train (100) + HotpotQA
+  dev-distractor questions 0-199; held out, dev-distractor questions 200-299; over the pooled corpus (6,850).
 
-Stage 1: the scripted teacher plays every training question it can (those with supporting titles), the kept
-episodes are the SFT data (cached like ``python -m ziprl.launch``'s). RL: for each seed, ``ziprl.train`` with
-w = 0 (plain GRPO) and w = 0.2 (HRR) from the same Stage-1 model on the same question order and sampling
-seeds (paired). The Stage-1 model and every ``--eval-every``-th checkpoint are evaluated on the held-out
-questions (adaptive strategy, one sample each, seeded). Reports after - before and w = 0.2 - w = 0 with 95%
-bootstrap intervals over questions (and over seeds for the paired comparison), per-step training curves, PNGs,
-JSON + markdown under benchmarks/results/. Finished runs and evaluations under ``--out`` are read, not redone.
+Stage 1: the scripted teacher plays the config's ``demos.datasets``, the kept episodes are the SFT data, cached by
+configuration and demonstration data (``ziprl.learner.sft.stage1_dir``); the weights' sha256 is written beside
+the model and checked whenever the cache is reused. RL: ``ziprl.train`` from the Stage-1 model for each seed, with
+w = 0 (plain GRPO) and w = 0.2 (HRR), the same number of steps (equal update counts) on the same question order
+and sampling seeds (paired). ``--quick``: seed 0 and w = 0.2 only, evaluated at its last step (the main effect).
 
-Work runs in ``--workers`` processes of one torch thread each (a seed's two runs side by side, then the
-evaluations): on 2 cores two one-thread processes get more done than one two-thread process, since batch-8
-decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). Each process's output
-goes to ``<out>/logs/``.
+Evaluation: Stage 1 and every ``--eval-every``-th checkpoint on the first ``--eval-limit`` held-out questions,
+adaptive strategy, ``--eval-samples`` seeded samples per question (``--greedy``: one greedy sample); each records
+the sha256 of the weights it evaluated and is redone when they, the questions or the settings change. Reports
+after - Stage 1 and w = 0.2 - w = 0 with 95% intervals of a bootstrap over seeds, questions and samples
+(benchmarks/learning_stats.py), held-out F1 against step with intervals (PNG; TensorBoard under each run's
+``tb/`` and ``<out>/tb/w<w>``), the training curves, and issue 47's goals with whether each is met: JSON +
+markdown under benchmarks/results/, each headed by commit, command, config, machine and date. Finished runs and
+evaluations under ``--out`` are read, not redone.
+
+Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, then the
+checkpoints' evaluations): on 2 cores two one-thread processes get more done than one two-thread process, since
+batch-8 decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). Each
+process's output goes to ``<out>/logs/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, portable, write_results  # noqa: E402
+from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation
-WEIGHTS = (0.0, 0.2)
+HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation (task ``real``)
+TASKS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
+WEIGHTS, QUICK_WEIGHTS = (0.0, 0.2), (0.2,)  # w = 0 (GRPO), w = 0.2 (HRR, the default recipe)
+EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
+TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
+                 "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
+                 "zero_variance_frac_sampled": "rollout/zero_variance_frac_sampled",
+                 "dlogp_pos_adv": "learner/dlogp_pos_adv", "dlogp_neg_adv": "learner/dlogp_neg_adv",
+                 "step_seconds": "perf/step_seconds"}
 
 
 def log(msg: str) -> None:
     print(f"[learning {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def stage1(config: Path, overrides: list[str]) -> Path:
-    """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing."""
+    """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing; its weights' sha256 is
+    written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import run_sft, stage1_dir
+    from ziprl.learner.sft import check_weights, run_sft, stage1_dir
 
     cfg = load_config(config, overrides)
     root = stage1_dir(cfg)
-    if (root / "model" / "config.json").is_file():
-        return root / "model"
-    cfg.demos.out = str(root / "demos.parquet")
-    demos, counts = build_demos(cfg)
-    (root / "demos_counts.json").write_text(json.dumps(counts))
-    log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} transitions; SFT")
-    t0 = time.perf_counter()
-    model = run_sft(cfg, demos, root)
-    (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
-    return model
+    if not (root / "model" / "config.json").is_file():
+        cfg.demos.out = str(root / "demos.parquet")
+        demos, counts = build_demos(cfg)
+        (root / "demos_counts.json").write_text(json.dumps(counts))
+        log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
+            "transitions; SFT")
+        t0 = time.perf_counter()
+        run_sft(cfg, demos, root)
+        (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+    check_weights(root / "model")
+    return root / "model"
 
 
-def split_questions(out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
-    """Training and held-out question files under ``out`` (unified JSONL), and the pooled corpus they search."""
+# ------------------------------------------------------------------ questions
+
+
+def split_questions(task: str, out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
+    """Training and held-out question files of ``task`` under ``out`` (unified JSONL; no held-out id or question
+    text among the training ones), and the corpus both search."""
     from ziprl.retrieval.datasets import corpus_for, load_dataset, write_qa_jsonl
 
-    pooled = load_dataset("pooled")
-    dev = [ex for ex in pooled if ex.source == "hotpotqa-dev-distractor"]
-    held_out = [dev[i] for i in HELD_OUT][:eval_limit]
+    if task == "real":
+        pooled = load_dataset("pooled")
+        dev = [ex for ex in pooled if ex.source == "hotpotqa-dev-distractor"]
+        train, held_out, corpus = pooled, [dev[i] for i in HELD_OUT], corpus_for("pooled")
+    else:
+        train, held_out, corpus = load_dataset("invented"), load_dataset("invented-heldout"), corpus_for("invented")
+    if eval_limit > len(held_out):
+        raise SystemExit(f"--eval-limit {eval_limit}: task {task} holds {len(held_out)} held-out questions")
+    held_out = held_out[:eval_limit]
     held_ids, held_text = {ex.id for ex in held_out}, {ex.question for ex in held_out}
-    train = [ex for ex in pooled if ex.id not in held_ids and ex.question not in held_text]
+    train = [ex for ex in train if ex.id not in held_ids and ex.question not in held_text]
     out.mkdir(parents=True, exist_ok=True)
-    return (write_qa_jsonl(train, out / "train.jsonl"), write_qa_jsonl(held_out, out / "heldout.jsonl"),
-            corpus_for("pooled"))
+    return write_qa_jsonl(train, out / "train.jsonl"), write_qa_jsonl(held_out, out / "heldout.jsonl"), corpus
 
 
 def check_demos_disjoint(model: Path, held_out: Path) -> int:
-    """Number of demonstration episodes; raises if any was played on a held-out question."""
+    """Number of demonstration questions; raises if any demonstration was played on a held-out question."""
     import pyarrow.parquet as pq
 
     from ziprl.retrieval.datasets import load_qa_jsonl
@@ -94,6 +131,9 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
     if leaked:
         raise SystemExit(f"demonstrations played held-out questions: {sorted(leaked)[:5]}")
     return len(ids)
+
+
+# ------------------------------------------------------------------ processes
 
 
 def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] | None:
@@ -143,93 +183,157 @@ def checkpoint_model(run_dir: Path, step: int, base: Path) -> Path:
         return out
     found = sorted((run_dir / "checkpoints").glob(f"step_{step}-*"))
     if not found:
-        raise SystemExit(f"{run_dir} has no checkpoint of step {step}")
+        raise SystemExit(f"{run_dir} has no checkpoint of step {step} (it ran with another --eval-every; delete it "
+                         "to run it again)")
     return export_model(found[-1], base, out)
 
 
-def evaluate(config: Path, model: Path, held_out: Path, corpus: Path, cache: Path) -> dict:
-    """Held-out evaluation of one model (adaptive strategy, one seeded sample per question), written to ``cache``."""
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What every held-out evaluation of one benchmark run shares."""
+
+    config: Path
+    held_out: Path
+    corpus: Path
+    samples: int
+    greedy: bool
+
+    def settings(self, model: Path) -> dict:
+        """What an evaluation of ``model`` is valid for: the weights, the questions, the config and the sampling."""
+        from ziprl.learner.sft import weights_sha256
+
+        return {"weights_sha256": weights_sha256(model), "held_out_sha256": file_sha256(self.held_out),
+                "config_sha256": file_sha256(self.config), "samples": self.samples, "greedy": self.greedy}
+
+    def command(self, model: Path, cache: Path) -> list[str]:
+        """The worker process that evaluates ``model`` into ``cache`` (:func:`evaluate`)."""
+        job = json.dumps(asdict(self) | {"model": model, "cache": cache}, default=str)
+        return [sys.executable, str(Path(__file__).resolve()), "--eval-one", job]
+
+
+def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
+    """Held-out evaluation of one model (adaptive strategy, ``spec.samples`` seeded samples per question, or one
+    greedy one), written to ``cache``: overall stats and one record per sample."""
     from ziprl.env.stats import trajectory_stats
     from ziprl.evaluation.harness import load_eval_setup, run_strategy
+    from ziprl.paths import atomic_write_json
 
-    cfg = load_config(config, [f"model.path={model}", f"data.dataset={held_out}", f"retriever.corpus={corpus}",
-                               "rollout.group_size=1", "data.seed=0", "model.num_threads=1"])
-    log(f"evaluating {model} on {held_out.name}")
+    cfg = load_config(spec.config, [f"model.path={model}", f"data.dataset={spec.held_out}",
+                                    f"retriever.corpus={spec.corpus}", f"rollout.group_size={spec.samples}",
+                                    f"sampling.greedy={str(spec.greedy).lower()}", "data.seed=0",
+                                    "model.num_threads=1"])
+    log(f"evaluating {model} on {spec.held_out.name} ({spec.samples} sample(s) per question)")
     stats, trajs = run_strategy(cfg, "adaptive", load_eval_setup(cfg), progress=True)
-    result = {"model": str(model), "stats": stats,
-              "per_question": [{"id": t.question_id} | trajectory_stats([t]) for t in trajs]}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(result))
+    result = {"model": portable(model), "settings": spec.settings(model), "stats": stats,
+              "per_sample": [{"id": t.question_id, "sample": t.sample_index} | trajectory_stats([t]) for t in trajs]}
+    atomic_write_json(cache, result)
     log(f"  F1 {stats['f1']:.3f} EM {stats['em']:.3f} format errors/turn {stats['format_error_rate']:.3f} "
         f"({stats['seconds']:.0f} s)")
     return result
 
 
-def eval_command(config: Path, model: Path, held_out: Path, corpus: Path, cache: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--config", str(config), "--eval-one", str(model),
-            str(held_out), str(corpus), str(cache)]
+def eval_jobs(spec: EvalSpec, targets: dict[str, Path], cache_dir: Path) -> list[tuple[str, list[str]]]:
+    """The evaluations still to run: those with no result under ``cache_dir`` or one for other settings."""
+    jobs = []
+    for key, model in targets.items():
+        cache = cache_dir / f"{key}.json"
+        if not cache.is_file() or json.loads(cache.read_text()).get("settings") != spec.settings(model):
+            jobs.append((f"eval_{key}", spec.command(model, cache)))
+    return jobs
 
 
 # ------------------------------------------------------------------ statistics
 
 
-def bootstrap(diffs: list[list[float]], n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of per-question differences (rows: seeds, columns: questions) and its 95% percentile interval,
-    resampling questions (the same draw for every seed) with replacement."""
-    import numpy as np
-
-    a = np.asarray(diffs, dtype=float).reshape(len(diffs), -1)
-    idx = np.random.default_rng(seed).integers(0, a.shape[1], size=(n, a.shape[1]))
-    means = a[:, idx].mean(axis=(0, 2))
-    return float(a.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+def scores(result: dict, metric: str, ids: list[str]) -> np.ndarray:
+    """(questions, samples) array of ``metric``, questions in the order of ``ids``, samples by index."""
+    by_id: dict[str, list[tuple[int, float]]] = {}
+    for r in result["per_sample"]:
+        by_id.setdefault(r["id"], []).append((r["sample"], r.get(metric, 0.0)))
+    return np.array([[v for _, v in sorted(by_id[q])] for q in ids], dtype=float)
 
 
-EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
-TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
-                 "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
-                 "dlogp_pos_adv": "learner/dlogp_pos_adv", "dlogp_neg_adv": "learner/dlogp_neg_adv",
-                 "step_seconds": "perf/step_seconds"}
+def arm(evals: dict[str, dict], keys: list[str], metric: str) -> np.ndarray:
+    """(seeds, questions, samples) array of ``metric`` over the evaluations ``keys`` (one per seed)."""
+    ids = list(dict.fromkeys(r["id"] for r in evals["stage1"]["per_sample"]))
+    return np.stack([scores(evals[k], metric, ids) for k in keys])
 
 
-def per_question(result: dict, metric: str) -> dict[str, float]:
-    return {q["id"]: q.get(metric, 0.0) for q in result["per_question"]}
+def eval_key(w: float, seed: int, step: int) -> str:
+    """The name of the evaluation of run (w, seed) at ``step``."""
+    return f"w{w:g}_seed{seed}_step{step}"
 
 
-def paired(a: dict, b: dict, metric: str) -> list[float]:
-    """b - a per question, over the questions both evaluated."""
-    pa, pb = per_question(a, metric), per_question(b, metric)
-    return [pb[k] - pa[k] for k in sorted(pa) if k in pb]
+def estimates(evals: dict[str, dict], meta: dict) -> dict[tuple, Interval]:
+    """Every comparison at the last step, per metric: ``("gain", w, metric, seed | None)`` (after RL - Stage 1,
+    seeds pooled or one seed) and ``("hrr-grpo", metric)`` (w = 0.2 - w = 0, paired by seed and question)."""
+    seeds, steps, weights = meta["seeds"], meta["steps"], meta["weights"]
+    out: dict[tuple, Interval] = {}
+    for metric in EVAL_METRICS:
+        before = arm(evals, ["stage1"], metric)
+        after = {w: arm(evals, [eval_key(w, s, steps) for s in seeds], metric) for w in weights}
+        for w in weights:
+            out["gain", w, metric, None] = bootstrap(after[w], before)
+            for i, s in enumerate(seeds):
+                out["gain", w, metric, s] = bootstrap(after[w][i:i + 1], before)
+        if set(WEIGHTS) <= set(weights):
+            out["hrr-grpo", metric] = bootstrap(after[0.2], after[0.0])
+    return out
 
 
-def eval_rows(evals: dict[str, dict]) -> list[dict]:
+def diff_rows(est: dict[tuple, Interval], meta: dict) -> list[dict]:
+    """The comparisons of :func:`estimates` as results rows (per-seed rows for F1 and EM)."""
+    size = {"questions": meta["questions_held_out"], "samples": meta["eval_samples"]}
     rows = []
-    for name, res in evals.items():
-        s = res["stats"]
-        rows.append({"model": name, **{m: s.get(m, 0.0) for m in EVAL_METRICS},
-                     "levels 1-5": "/".join(f"{s.get(f'level_{g}_frac', 0.0):.2f}" for g in range(1, 6))})
+    for key, e in est.items():
+        if key[0] == "hrr-grpo":
+            rows.append(interval_row(f"w=0.2 - w=0 at step {meta['steps']}", key[1], e, seeds=len(meta["seeds"]),
+                                     **size))
+        elif key[3] is None or key[2] in ("f1", "em"):
+            _, w, metric, seed = key
+            who = f"seeds {','.join(map(str, meta['seeds']))}" if seed is None else f"seed {seed}"
+            rows.append(interval_row(f"w={w:g} step {meta['steps']} - Stage 1 ({who})", metric, e, **size))
     return rows
 
 
-def diff_rows(evals: dict[str, dict], seeds: list[int], steps: int) -> list[dict]:
-    """After - before (each w, seeds pooled) and w = 0.2 - w = 0 (paired by seed and question), with 95% CIs."""
+def goals(est: dict[tuple, Interval], meta: dict, runs: dict[str, list[dict]]) -> list[dict]:
+    """Issue 47's goals for the default recipe (w = 0.2), judged on :func:`estimates`."""
+    hrr = 0.2
+    pair = set(WEIGHTS) <= set(meta["weights"])
+    updates = {len(r) for r in runs.values()}
+    return goal_rows({m: est["gain", hrr, m, None] for m in ("f1", "em")},
+                     [est["gain", hrr, "f1", s][0] for s in meta["seeds"]],
+                     est["gain", hrr, "format_error_rate", None],
+                     {m: est["hrr-grpo", m] for m in ("q_com", "f1")} if pair else None,
+                     len(updates) == 1 if pair else None)
+
+
+def curves(evals: dict[str, dict], meta: dict, metric: str) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Held-out ``metric`` against step per w: (step, mean, 95% low, high), seeds pooled; step 0 is Stage 1."""
+    out = {}
+    for w in meta["weights"]:
+        keys = {k: ["stage1"] if k == 0 else [eval_key(w, s, k) for s in meta["seeds"]] for k in meta["eval_steps"]}
+        out[f"w={w:g}"] = [(k, *bootstrap(arm(evals, ks, metric))) for k, ks in keys.items()]
+    return out
+
+
+def eval_rows(evals: dict[str, dict]) -> list[dict]:
+    """One row per evaluated model: its stats, F1's interval over questions and samples, its weights' hash."""
     rows = []
-    for metric in EVAL_METRICS:
-        for w in WEIGHTS:
-            d = [paired(evals["stage1"], evals[f"w{w:g}_seed{s}_step{steps}"], metric) for s in seeds]
-            mean, lo, hi = bootstrap(d)
-            rows.append({"comparison": f"w={w:g} step {steps} - Stage 1", "metric": metric, "mean": mean,
-                         "ci95_low": lo, "ci95_high": hi, "seeds": len(seeds), "questions": len(d[0])})
-        d = [paired(evals[f"w0_seed{s}_step{steps}"], evals[f"w0.2_seed{s}_step{steps}"], metric) for s in seeds]
-        mean, lo, hi = bootstrap(d)
-        rows.append({"comparison": f"w=0.2 - w=0 at step {steps}", "metric": metric, "mean": mean,
-                     "ci95_low": lo, "ci95_high": hi, "seeds": len(seeds), "questions": len(d[0])})
+    for name, res in evals.items():
+        s = res["stats"]
+        _, lo, hi = bootstrap(arm(evals, [name], "f1"))
+        rows.append({"model": name, **{m: s.get(m, 0.0) for m in EVAL_METRICS}, "f1_ci95": f"[{lo:.3f}, {hi:.3f}]",
+                     "levels 1-5": "/".join(f"{s.get(f'level_{g}_frac', 0.0):.2f}" for g in range(1, 6)),
+                     "weights_sha256": res["settings"]["weights_sha256"][:16]})
     return rows
 
 
 def train_rows(runs: dict[str, list[dict]]) -> list[dict]:
     """Per run: first-half vs second-half means of the training curves."""
-    import statistics
-
     rows = []
     for name, metrics in runs.items():
         half = max(1, len(metrics) // 2)
@@ -240,104 +344,160 @@ def train_rows(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict, name: str = "learning") -> None:
-    """Tables and plots under benchmarks/results/, every file named ``<name>_*``."""
-    import statistics
+# ------------------------------------------------------------------ report
 
+
+def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict, name: str,
+           config: Path | None = None) -> list[dict]:
+    """Tables and plots under benchmarks/results/, every file named ``<name>_*``; returns the goal rows."""
     from ziprl.plots import plot_curves
 
-    seeds, steps = meta["seeds"], meta["steps"]
-    write_results(f"{name}_heldout", eval_rows(evals), meta)
-    write_results(f"{name}_diff", diff_rows(evals, seeds, steps), meta)
+    seeds, steps, weights = meta["seeds"], meta["steps"], meta["weights"]
+    est = estimates(evals, meta)
+    goal = goals(est, meta, runs)
+    write_results(f"{name}_goals", goal, meta, config)
+    write_results(f"{name}_heldout", eval_rows(evals), meta, config)
+    write_results(f"{name}_diff", diff_rows(est, meta), meta, config)
+    held = {m: curves(evals, meta, m) for m in ("f1", "em")}
+    write_results(f"{name}_curve", [{"w": w, "step": k, "metric": m, "mean": mean, "ci95_low": lo, "ci95_high": hi}
+                                    for m, cs in held.items() for w, pts in cs.items() for k, mean, lo, hi in pts],
+                  meta, config)
     write_results(f"{name}_train", train_rows(runs), meta | {"curves": {n: [{k: m.get(key) for k, key in
                                                                          TRAIN_METRICS.items()} for m in r]
-                                                                         for n, r in runs.items()}})
+                                                                         for n, r in runs.items()}}, config)
     for metric, png in (("reward", f"{name}_reward.png"), ("q_com", f"{name}_qcom.png"),
                         ("zero_variance_frac", f"{name}_zero_variance.png")):
-        curves = {f"w={w:g}": [(i + 1, statistics.fmean(runs[f"w{w:g}_seed{s}"][i].get(TRAIN_METRICS[metric], 0.0)
-                                                         for s in seeds)) for i in range(steps)] for w in WEIGHTS}
-        plot_curves(curves, RESULTS / png, f"Training {metric}, mean over {len(seeds)} seed(s)", metric)
-    held = {f"w={w:g}": [(k, statistics.fmean(evals["stage1" if k == 0 else f"w{w:g}_seed{s}_step{k}"]["stats"]["f1"]
-                                              for s in seeds)) for k in meta["eval_steps"]] for w in WEIGHTS}
-    plot_curves(held, RESULTS / f"{name}_heldout_f1.png", f"Held-out F1 ({meta['questions_held_out']} questions)",
-                "F1")
+        train = {f"w={w:g}": [(i + 1, statistics.fmean(runs[f"w{w:g}_seed{s}"][i].get(TRAIN_METRICS[metric], 0.0)
+                                                         for s in seeds)) for i in range(steps)] for w in weights}
+        plot_curves(train, RESULTS / png, f"Training {metric}, mean over {len(seeds)} seed(s)", metric)
+    f1 = held["f1"]
+    plot_curves({w: [(k, mean) for k, mean, _, _ in pts] for w, pts in f1.items()},
+                RESULTS / f"{name}_heldout_f1.png",
+                f"Held-out F1 ({meta['questions_held_out']} questions x {meta['eval_samples']}, "
+                f"{len(seeds)} seed(s)), 95% intervals", "F1",
+                bands={w: [(k, lo, hi) for k, _, lo, hi in pts] for w, pts in f1.items()})
+    return goal
 
 
-def log_eval_tb(run_dir: Path, step: int, stats: dict) -> None:
+def log_eval_tb(tb_dir: Path, step: int, values: dict[str, float]) -> None:
+    """``values`` as ``heldout/<name>`` TensorBoard scalars at ``step``."""
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(run_dir / "tb"), filename_suffix=".heldout")
-    for m in EVAL_METRICS:
-        writer.add_scalar(f"heldout/{m}", stats.get(m, 0.0), step)
+    writer = SummaryWriter(str(tb_dir), filename_suffix=".heldout")
+    for k, v in values.items():
+        writer.add_scalar(f"heldout/{k}", v, step)
     writer.close()
 
 
-def main() -> None:
+def log_curves_tb(evals: dict[str, dict], meta: dict, out: Path) -> None:
+    """Held-out scores against step in TensorBoard: each run's (with F1's interval over questions and samples)
+    under ``<run>/tb``, the seeds pooled (F1 and EM with intervals) under ``<out>/tb/w<w>``."""
+    for w in meta["weights"]:
+        for s in meta["seeds"]:
+            for k in meta["eval_steps"]:
+                key = "stage1" if k == 0 else eval_key(w, s, k)
+                _, lo, hi = bootstrap(arm(evals, [key], "f1"))
+                stats = evals[key]["stats"]
+                log_eval_tb(out / f"w{w:g}_seed{s}" / "tb", k, {m: stats.get(m, 0.0) for m in EVAL_METRICS}
+                            | {"f1_ci95_low": lo, "f1_ci95_high": hi})
+    for metric in ("f1", "em"):
+        for w, pts in curves(evals, meta, metric).items():
+            for k, mean, lo, hi in pts:
+                log_eval_tb(out / "tb" / w.replace("=", ""), k, {metric: mean, f"{metric}_ci95_low": lo,
+                                                                 f"{metric}_ci95_high": hi})
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"))
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--task", choices=sorted(TASKS), default="invented", help="the questions (see above)")
+    ap.add_argument("--quick", action="store_true", help="seed 0, w = 0.2 only, evaluated at its last step")
+    ap.add_argument("--config", help="default: the task's (configs/learn-invented.yaml, configs/learn-cpu.yaml)")
+    ap.add_argument("--seeds", help="default: 0,1,2 (0 with --quick)")
     ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps)")
-    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: the last only)")
-    ap.add_argument("--eval-limit", type=int, default=30, help=f"the first N of the {len(HELD_OUT)} held-out questions")
+    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps)")
+    ap.add_argument("--eval-limit", type=int, default=100, help="the first N held-out questions")
+    samples = ap.add_mutually_exclusive_group()
+    samples.add_argument("--eval-samples", type=int, default=2, help="seeded samples per held-out question")
+    samples.add_argument("--greedy", action="store_true", help="one greedy sample per held-out question instead")
     ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
-    ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
+    ap.add_argument("--out", help="runs and evaluations (default: runs/learning-<task>)")
     ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
-    ap.add_argument("--name", default="learning", help="results file prefix under benchmarks/results/ (a partial "
-                    "run, e.g. one seed, under another name leaves the full run's results as they are)")
-    ap.add_argument("--eval-one", nargs=4, metavar=("MODEL", "HELD_OUT", "CORPUS", "OUT_JSON"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    config, out, seeds = Path(args.config), Path(args.out), [int(s) for s in args.seeds.split(",")]
+    ap.add_argument("--name", help="results file prefix under benchmarks/results/ (default: learning_<task>, "
+                    "+ _quick with --quick; a partial run under another name leaves the full run's results alone)")
+    ap.add_argument("--eval-one", help=argparse.SUPPRESS)  # one evaluation, in a worker process (EvalSpec.command)
+    args = ap.parse_args(argv)
+    args.config = Path(args.config or TASKS[args.task])
+    args.out = Path(args.out or REPO / "runs" / f"learning-{args.task}")
+    args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
+    args.eval_samples = 1 if args.greedy else args.eval_samples
+    if args.eval_limit < 1 or args.eval_samples < 1:
+        ap.error("--eval-limit and --eval-samples must be >= 1")
+    return args
+
+
+def eval_steps(steps: int, every: int, quick: bool) -> list[int]:
+    """The steps evaluated: 0 (Stage 1), every ``every``-th and the last (with ``quick``: 0 and the last)."""
+    found = [0, *range(every, steps + 1, every)]
+    return [0, steps] if quick else found + ([steps] if found[-1] != steps else [])
+
+
+def main() -> None:
+    args = parse_args()
     if args.eval_one:
-        evaluate(config, *map(Path, args.eval_one))
+        job = json.loads(args.eval_one)
+        spec = EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"], job["greedy"])
+        evaluate(spec, Path(job["model"]), Path(job["cache"]))
         return
-    t0 = time.perf_counter()
+    t0, config, out, seeds = time.perf_counter(), args.config, args.out, args.seeds
     model = Path(args.stage1_model) if args.stage1_model else stage1(config, [])
     log(f"Stage-1 model: {model}")
     if args.stage1_only:
         return
-    train_path, held_path, corpus = split_questions(out, args.eval_limit)
+    train_path, held_path, corpus = split_questions(args.task, out, args.eval_limit)
+    spec = EvalSpec(config, held_path, corpus, args.eval_samples, args.greedy)
     demo_questions = check_demos_disjoint(model, held_path)
     steps = args.steps or load_config(config, []).learner.steps
-    every = args.eval_every or steps
-    eval_steps = [0, *range(every, steps + 1, every)]
-    if eval_steps[-1] != steps:
-        eval_steps.append(steps)
-    names = [f"w{w:g}_seed{seed}" for seed in seeds for w in WEIGHTS]  # seed-major: each seed's pair side by side
+    every = args.eval_every or max(1, steps // 2)  # --quick keeps these checkpoints too: a full run reuses its run
+    evaluated = eval_steps(steps, every, args.quick)
+    weights = QUICK_WEIGHTS if args.quick else WEIGHTS
+    arms = {f"w{w:g}_seed{s}": (w, s) for s in seeds for w in weights}  # seed-major: each seed's pair side by side
     jobs = []
-    for name in names:
-        w, seed = float(name[1:name.index("_")]), int(name.rsplit("seed", 1)[1])
+    for name, (w, seed) in arms.items():
         overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
                      f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
                      f"run.sft_checkpoint={model}", f"run.checkpoint_every={every}",
                      "run.keep_checkpoints=0", "model.num_threads=1"]
         if (cmd := rl_command(config, overrides, out / name)) is not None:
             jobs.append((name, cmd))
-    run_parallel(jobs, args.workers, out / "logs")
-    runs = {name: read_metrics(out / name) for name in names}
-    for name in names:
-        log(f"{name}: {steps} steps, reward {[round(m['rollout/reward'], 2) for m in runs[name]]}")
-    targets = {"stage1": model} | {f"{n}_step{k}": checkpoint_model(out / n, k, model) for n in names
-                                   for k in eval_steps[1:]}
-    cache = {key: out / "eval" / f"{key}.json" for key in targets}
-    run_parallel([(f"eval_{key}", eval_command(config, m, held_path, corpus, cache[key]))
-                  for key, m in targets.items() if not cache[key].is_file()], args.workers, out / "logs")
-    evals = {key: json.loads(path.read_text()) for key, path in cache.items()}
-    for name in names:
-        log_eval_tb(out / name, 0, evals["stage1"]["stats"])
-        for k in eval_steps[1:]:
-            log_eval_tb(out / name, k, evals[f"{name}_step{k}"]["stats"])
-    meta = {"config": str(config.relative_to(REPO) if config.is_relative_to(REPO) else config), "seeds": seeds,
-            "steps": steps, "eval_steps": eval_steps, "stage1_model": f"<ZIPRL_CACHE>/stage1/{model.parent.name}/model",
-            "demo_questions": demo_questions, "questions_held_out": args.eval_limit, "workers": args.workers,
+    cache_dir = out / "eval"
+    run_parallel(jobs + eval_jobs(spec, {"stage1": model}, cache_dir), args.workers, out / "logs")
+    runs = {name: read_metrics(out / name) for name in arms}
+    for name, metrics in runs.items():
+        log(f"{name}: {len(metrics)} steps, reward {[round(m['rollout/reward'], 2) for m in metrics]}")
+    targets = {"stage1": model} | {eval_key(w, s, k): checkpoint_model(out / name, k, model)
+                                   for name, (w, s) in arms.items() for k in evaluated[1:]}
+    run_parallel(eval_jobs(spec, targets, cache_dir), args.workers, out / "logs")
+    evals = {key: json.loads((cache_dir / f"{key}.json").read_text()) for key in targets}
+    meta = {"task": args.task, "quick": args.quick, "seeds": seeds, "weights": list(weights), "steps": steps,
+            "eval_steps": evaluated, "questions_held_out": args.eval_limit, "eval_samples": args.eval_samples,
+            "greedy": args.greedy, "stage1_model": portable(model), "demo_questions": demo_questions,
+            "updates": {n: len(r) for n, r in runs.items()}, "zero_variance_groups_trained": {
+                n: sum(m.get("rollout/zero_variance_groups_trained", 0) for m in r) for n, r in runs.items()},
+            "workers": args.workers,
             "settings": load_config(config, []).to_dict(), "seconds": time.perf_counter() - t0}
-    counts = model.parent / "demos_counts.json"
-    if counts.is_file():
-        meta["demos"] = json.loads(counts.read_text())
-    for extra in ("sft_seconds.json",):
+    meta["stage1_weights_sha256"] = evals["stage1"]["settings"]["weights_sha256"]
+    for extra, key in (("demos_counts.json", "demos"), ("sft_seconds.json", "stage1_sft")):
         if (model.parent / extra).is_file():
-            meta["stage1_sft_seconds"] = json.loads((model.parent / extra).read_text())["seconds"]
-    report(evals, runs, meta, args.name)
+            meta[key] = json.loads((model.parent / extra).read_text())
+    log_curves_tb(evals, meta, out)
+    for row in report(evals, runs, meta, args.name, config):
+        log(f"goal {'met' if row['met'] else 'NOT met' if row['met'] is False else 'not measured'}: {row['goal']}: "
+            f"{row['measured']}")
     log(f"done in {meta['seconds'] / 60:.1f} min")
 
 

@@ -92,7 +92,7 @@ def test_missing_shared_dir_names_path_and_env(monkeypatch, tmp_path):
 
 
 def test_missing_file_in_shared_dir(tmp_path):
-    with pytest.raises(DatasetError, match="hipporag_musique_train_subset100.json.gz is missing"):
+    with pytest.raises(DatasetError, match="hipporag_musique_train_subset100.json.gz does not exist"):
         load_dataset("musique", shared_dir=tmp_path)
 
 
@@ -129,11 +129,11 @@ def test_unified_jsonl_round_trip_and_sibling_corpus(tmp_path):
 
 @pytest.mark.parametrize(("line", "match"), [
     ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": ', "line 2: malformed JSON"),
-    ('{"id": "a", "answers": ["x"]}', "record 1: field 'question' is missing"),
-    ('{"id": "a", "question": "Q", "answers": []}', "record 1: needs a non-empty question"),
+    ('{"id": "a", "answers": ["x"]}', "line 1: field 'question' is missing"),
+    ('{"id": "a", "question": "Q", "answers": []}', "line 1: needs a non-empty question"),
     ('{"id": "a", "question": "Q", "answers": ["x"], "supporting_titles": "T"}', "supporting_titles must be a list"),
     ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": "a", "question": "R", "answers": ["y"]}',
-     "duplicate id 'a' in records 1 and 2"),
+     "duplicate id 'a' on lines 1 and 2"),
     ("", "holds no questions"),
 ])
 def test_malformed_unified_jsonl(tmp_path, line, match):
@@ -243,7 +243,7 @@ def test_all_shared_files_listed_exist():
 
 def test_every_name_is_registered_in_order():
     assert DATASETS.names() == ("sample", "hotpotqa", "musique", "pooled", "hotpotqa-dev", "musique-dev", "squad",
-                                "wiki18")
+                                "wiki18", "invented", "invented-heldout")
     assert [n for n in DATASETS if DATASETS[n].open_domain] == ["hotpotqa-dev", "musique-dev", "squad"]
 
 

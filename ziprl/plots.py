@@ -60,11 +60,16 @@ def plot_levels(dist: dict[str, list[float]], path: Path, title: str) -> Path:
     return path
 
 
-def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, ylabel: str) -> Path:
+def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, ylabel: str,
+                bands: dict[str, list[tuple[int, float, float]]] | None = None) -> Path:
+    """One line per curve of (step, value); ``bands``: (step, low, high) shaded around the curve of that name."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in curves.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name)
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name)
+        if bands and name in bands:
+            ax.fill_between([b[0] for b in bands[name]], [b[1] for b in bands[name]], [b[2] for b in bands[name]],
+                            color=line.get_color(), alpha=0.2)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -7,7 +7,8 @@ response and end-of-turn tokens only, exactly the tokens the policy generates at
 
 :func:`run_sft` (``python -m ziprl.sft --demos FILE --out DIR``) trains ``sft.epochs`` epochs (``sft.micro_batch``
 rows per optimiser step, lr ``sft.lr``), logs TensorBoard scalars to ``DIR/tb`` and writes the model to
-``DIR/model``. :func:`stage1_dir` is where ``launch`` caches Stage 1 (demos + SFT) per configuration.
+``DIR/model``. :func:`stage1_dir` is where ``launch`` caches Stage 1 (demos + SFT) per configuration and
+demonstration data; :func:`check_weights` records the sha256 of the weights it built beside them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
-from ziprl.paths import cache_root
+from ziprl.outputs import entries, own_dir
+from ziprl.paths import cache_root, not_a_file
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_COLUMNS = ("messages", "response")
+SFT_WRITES = ("model", "tb")  # what run_sft writes into its out_dir
+is_sft_entry = entries(*SFT_WRITES)
 _SENTINEL = "ZIPRL_END_OF_TURN_PROBE"
 
 
@@ -98,11 +102,10 @@ def read_demos(path: str | Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    if path.is_dir():
-        raise DemoFileError(f"demo file {path} is a directory; pass the demo Parquet file (`python -m ziprl.demos` "
-                            "writes one)")
-    if not path.is_file():
-        raise DemoFileError(f"demo file {path} does not exist (write one with `python -m ziprl.demos`)")
+    problem = not_a_file(path)
+    if problem:
+        raise DemoFileError(f"demo file {path} {problem}; pass the demo Parquet file (write one with "
+                            "`python -m ziprl.demos`)")
     try:
         table = pq.read_table(path, columns=list(DEMO_COLUMNS))
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
@@ -152,6 +155,8 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     """Stage 1: fine-tune ``cfg.model`` on the demos; returns ``<out_dir>/model`` (an HF checkpoint).
 
     ``trainer``: an :func:`sft_trainer` built beforehand (e.g. while the demos were synthesised); None builds one.
+    ``out_dir`` follows the output rule (:func:`ziprl.outputs.own_dir`): it is marked as an SFT run, and ``model``
+    or ``tb`` already there are replaced only in a directory so marked.
 
     ``sft.epochs`` passes over the shuffled transitions (seed ``learner.seed``; rows of similar length share a step,
     :func:`length_grouped_steps`), one optimiser step per ``sft.micro_batch`` rows at constant lr ``sft.lr``;
@@ -165,7 +170,7 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     from ziprl.policy.models import load_tokenizer, resolve_model_path
 
     examples = read_demos(demos_path)  # fail on a bad file before any model loads
-    out_dir = Path(out_dir)
+    out_dir = own_dir(out_dir, "sft", SFT_WRITES, mark=rank() == 0)  # nothing written over what is not SFT's
     model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
     rows = sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
     if not rows:
@@ -190,9 +195,68 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     return trainer.save_pretrained(out_dir / "model")
 
 
+class Stage1CacheError(UserError, RuntimeError):
+    """A cached Stage-1 model is not the one its cache directory built; the message names the directory to delete."""
+
+
 def stage1_dir(cfg: ZipRLConfig) -> Path:
-    """Cache directory of Stage 1 for this configuration (demos, SFT, env and model settings)."""
+    """Cache directory of Stage 1 for this configuration (demos, SFT, env, model and retriever settings) and the
+    content of the data its demonstrations are played on (:func:`demo_data_sha256`)."""
     key = json.dumps({"demos": dataclasses.asdict(cfg.demos) | {"out": None}, "sft": dataclasses.asdict(cfg.sft),
                       "env": dataclasses.asdict(cfg.env), "model": cfg.model.path, "seed": cfg.learner.seed,
-                      "retriever": dataclasses.asdict(cfg.retriever)}, sort_keys=True)
+                      "retriever": dataclasses.asdict(cfg.retriever), "data": demo_data_sha256(cfg)}, sort_keys=True)
     return cache_root(cfg.model.cache_dir) / "stage1" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def demo_data_sha256(cfg: ZipRLConfig) -> str:
+    """sha256 of what the demonstrations are made from (as :func:`ziprl.env.demos.build_demos` reads it): every
+    question of ``cfg.demos.datasets`` (id, text, answers, supporting titles, source) and the bytes of the corpus file
+    the teacher searches, when the retriever reads one."""
+    from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+
+    h = hashlib.sha256()
+    for name in cfg.demos.datasets:
+        h.update(name.encode())
+        for ex in load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars):
+            h.update(json.dumps(dataclasses.asdict(ex), sort_keys=True).encode())
+    first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
+    corpus = retriever_config_for(first).corpus
+    if corpus:
+        h.update(_file_sha256(Path(corpus), hashlib.sha256()).digest())
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path, h: Any) -> Any:
+    """``h`` updated with the bytes of ``path``, read in 1 MiB chunks."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 over a model directory's safetensors files (name and bytes of each, in name order): which weights
+    a result is about."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no .safetensors file")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        _file_sha256(f, h)
+    return h.hexdigest()
+
+
+def check_weights(model_dir: str | Path) -> str:
+    """The model's :func:`weights_sha256`, written beside it (``<model_dir>.sha256``) the first time; raises
+    :class:`Stage1CacheError` when it differs from the one written (the model changed under its cache key)."""
+    from ziprl.paths import atomic_write_text
+
+    model_dir = Path(model_dir)
+    record, digest = model_dir.with_name(f"{model_dir.name}.sha256"), weights_sha256(model_dir)
+    if not record.is_file():
+        atomic_write_text(record, digest + "\n")
+    elif record.read_text().strip() != digest:
+        raise Stage1CacheError(f"the weights of {model_dir} changed since {record} was written; delete "
+                               f"{model_dir.parent} to rebuild that Stage-1 model")
+    return digest

@@ -81,13 +81,13 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     from ziprl.loop.stream import QuestionStream
     from ziprl.loop.training import LocalLearner, train_loop
     from ziprl.policy import make_engine, resolve_model_path
-    from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+    from ziprl.retrieval.datasets import load_questions, retriever_config_for
     from ziprl.retrieval.retriever import Retriever
     from ziprl.tb import MetricsLogger
 
     cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
     model_path = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else resolve_model_path(cfg.model)
-    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    examples = load_questions(cfg.data)
     retriever = Retriever.from_config(retriever_config_for(cfg))
     check_top_k(cfg.env, len(retriever))
     trainer = Trainer(cfg, model_path)

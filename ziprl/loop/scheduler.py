@@ -19,6 +19,13 @@ The scheduler knows nothing of Ray or torch: a :class:`~ziprl.loop.source.Rollou
   a row (a worker that cannot even start, say) stops the run with an error instead of retrying forever.
 - ``position`` is the data position a checkpoint stores: the question stream plus every job not yet trained
   (buffered or running), which a resumed run re-runs first with the same seeds.
+- Dynamic sampling (DAPO; ``keep`` given): a finished group ``keep`` rejects (no reward variance) is set aside, not
+  buffered. Its question stays consumed (the stream moved past it; it is never pending) and its admission slot is
+  freed, as AReaL frees a rejected rollout's, so more questions are drawn until ``batch`` kept groups are in hand.
+  The staleness bound still holds for kept groups: at every admission kept + running groups stay within it. Once
+  a batch has sampled ``max_rounds * batch`` groups (0: no limit) and fewer than ``batch`` are kept, the batch is
+  filled up with the set-aside groups, oldest first. The set-aside groups not trained are handed to the loop
+  (:meth:`take_zero_variance`) with the batch's sampling statistics.
 """
 
 from __future__ import annotations
@@ -53,21 +60,27 @@ class RolloutScheduler:
 
     def __init__(self, source: RolloutSource, stream: QuestionStream, batch: int, max_staleness: int,
                  seed: int = 0, version: int = 0, max_job_failures: int = MAX_JOB_FAILURES,
-                 steps: int | None = None):
+                 steps: int | None = None, keep: Callable[[Group], bool] | None = None, max_rounds: int = 0):
         if batch < 1 or max_staleness < 0 or source.num_workers < 1 or source.questions_per_call < 1:
             raise ValueError(f"need batch >= 1, max_staleness >= 0 and at least one worker taking >= 1 question "
                              f"(batch={batch}, max_staleness={max_staleness}, workers={source.num_workers}, "
                              f"questions_per_call={source.questions_per_call})")
         self.source, self.stream, self.batch, self.max_staleness = source, stream, batch, max_staleness
         self.seed, self.version, self.max_job_failures, self.steps = seed, version, max_job_failures, steps
+        self.keep, self.max_rounds = keep, max_rounds
         self._base = version * batch  # groups trained before this run started (resume)
         self._jobs: dict[int, _Job] = {}
         self._tickets = 0
         self._dispatches = 0
         self._retry: deque[tuple[list[QAExample], int, int]] = deque()  # (examples, seed, failures so far)
         self._buffer: list[tuple[int, Group, tuple[list[QAExample], int]]] = []  # (version, group, (job))
+        self._rejected: list[tuple[int, Group]] = []  # (version, group) that keep rejected, since the last batch
+        self._sampled = 0  # groups finished since the last batch
+        self._zero_variance: list[Group] = []  # rejected groups of the last batch that it does not train
+        self.sampling: dict[str, float] = {}  # dynamic sampling statistics of the last batch
         self._idle = set(range(source.num_workers))
-        self.counters = {"groups_generated": 0, "groups_trained": 0, "groups_dropped_stale": 0, "rollout_failures": 0}
+        self.counters = {"groups_generated": 0, "groups_trained": 0, "groups_dropped_stale": 0, "rollout_failures": 0,
+                         "groups_dropped_zero_variance": 0}
         self.dropped: list[str] = []  # group ids of stale drops (expected to stay empty)
         self._step_start = time.perf_counter()
         self._busy = 0.0  # worker-seconds of generation in the current step
@@ -129,9 +142,9 @@ class RolloutScheduler:
         while True:
             self._drop_stale()
             self._fill()
-            ready = self._ready()
+            ready = self._ready(top_up=self._capped())
             if ready is not None:
-                return ready
+                return self._hand_over(*ready)
             if not self._jobs:
                 raise RuntimeError(f"scheduler stalled: nothing running, {self.buffered} groups buffered, "
                                    f"capacity {self.capacity()} (a bug: please report it)")
@@ -152,6 +165,11 @@ class RolloutScheduler:
         """The source's probe of the jobs running now: true once all of them have finished (picklable, so a learner in
         another process can poll it during its step; no job starts before :meth:`advance`)."""
         return self.source.idle_probe()
+
+    def take_zero_variance(self) -> list[Group]:
+        """The zero-variance groups dynamic sampling set aside for the last batch and did not train (then forgotten)."""
+        dropped, self._zero_variance = self._zero_variance, []
+        return dropped
 
     def step_stats(self) -> dict[str, float]:
         """This step's system metrics (and the run's counters); resets the per-step timers."""
@@ -211,7 +229,11 @@ class RolloutScheduler:
             if version < job.version:
                 raise RuntimeError(f"a job submitted at policy version {job.version} returned a group of version "
                                    f"{version}: the rollout source must apply pushed weights before the next job")
-            self._buffer.append((version, group, ([ex], job.seed)))
+            self._sampled += 1
+            if self.keep is None or self.keep(group):
+                self._buffer.append((version, group, ([ex], job.seed)))
+            else:
+                self._rejected.append((version, group))
         self.counters["groups_generated"] += len(c.groups)
         for key in self._gen:
             self._gen[key] += float(c.stats.get(key, 0.0))
@@ -228,17 +250,43 @@ class RolloutScheduler:
                 self.dropped.append(item[1][0].group_id)
         self._buffer = keep
 
-    def _ready(self) -> list[Group] | None:
-        """``batch`` groups, oldest version first, none newer than what a running job may still return."""
+    def _ready(self, top_up: bool = False) -> tuple[list[Group], int] | None:
+        """``batch`` groups, oldest version first, none newer than what a running job may still return; with
+        ``top_up`` every such kept group, then rejected (fresh) ones, oldest first, up to ``batch``. Also how many
+        rejected ones it took."""
         floor = min((j.version for j in self._jobs.values()), default=None)
         eligible = sorted((i for i, item in enumerate(self._buffer) if floor is None or item[0] <= floor),
                           key=lambda i: self._buffer[i][0])
-        if len(eligible) < self.batch:
+        fill: list[int] = []
+        if top_up:
+            fill = sorted((i for i, (v, _) in enumerate(self._rejected)
+                           if (floor is None or v <= floor) and is_fresh(v, self.version, self.max_staleness)),
+                          key=lambda i: self._rejected[i][0])[: max(0, self.batch - len(eligible))]
+        if len(eligible) + len(fill) < self.batch:
             return None
-        take = set(eligible[: self.batch])
+        take, filled = set(eligible[: self.batch]), set(fill)
         groups = [self._buffer[i][1] for i in sorted(take, key=lambda i: self._buffer[i][0])]
+        groups += [self._rejected[i][1] for i in fill]
         self._buffer = [item for i, item in enumerate(self._buffer) if i not in take]
+        self._rejected = [item for i, item in enumerate(self._rejected) if i not in filled]
         self.counters["groups_trained"] += len(groups)
+        return groups, len(fill)
+
+    def _capped(self) -> bool:
+        """Whether dynamic sampling has sampled its limit for this batch without keeping ``batch`` groups."""
+        return (self.keep is not None and self.max_rounds > 0 and self._sampled >= self.max_rounds * self.batch
+                and len(self._buffer) < self.batch)
+
+    def _hand_over(self, groups: list[Group], filled: int) -> list[Group]:
+        """Close the batch's sampling (``filled``: rejected groups it trains): its statistics, and its rejected
+        groups not trained become dropped."""
+        rejected = len(self._rejected) + filled
+        self.sampling = {"groups_sampled": float(self._sampled), "groups_kept": float(self._sampled - rejected),
+                         "zero_variance_frac_sampled": rejected / self._sampled if self._sampled else 0.0,
+                         "sample_rounds": self._sampled / self.batch, "zero_variance_groups_trained": float(filled)}
+        self._zero_variance += [g for _, g in self._rejected]
+        self.counters["groups_dropped_zero_variance"] += len(self._rejected)
+        self._rejected, self._sampled = [], 0
         return groups
 
     def lags(self, groups: list[Group]) -> list[int]:

@@ -7,10 +7,20 @@ the staleness-aware capacity rule, oldest version first), the trajectories are w
 ``<out>/trajectories/step_<n>.parquet``, the learner takes one optimiser step, the new weights are pushed to
 every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_every`` steps a checkpoint stores
 the weights, optimiser and the data position (question stream + the jobs not yet trained).
+
+With ``rollout.dynamic_sampling`` (DAPO's dynamic sampling, verl's ``filter_groups``) the scheduler keeps only
+groups whose ``rollout.dynamic_sampling_metric`` varies across their G trajectories and draws more questions
+until the batch is full, so the step trains on exactly ``learner.global_batch_questions`` groups with signal (up
+to ``rollout.max_sample_rounds`` batches' worth sampled; then it fills up with zero-variance groups and warns). The
+groups it dropped are written to ``<out>/trajectories/dropped/step_<n>.parquet``, and ``rollout/groups_sampled``,
+``groups_kept``, ``zero_variance_frac_sampled`` (before the filter), ``sample_rounds`` and
+``zero_variance_groups_trained`` are logged.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +34,7 @@ from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.loop.push import WeightPush
 from ziprl.loop.scheduler import RolloutScheduler
-from ziprl.loop.source import RolloutSource, peak_rss_mb
+from ziprl.loop.source import Group, RolloutSource, peak_rss_mb
 from ziprl.loop.stream import QuestionStream
 
 
@@ -91,6 +101,12 @@ def step_metrics(trajs: list[Trajectory], learn: dict[str, float], system: dict[
             "system/driver_rss_peak_mb": peak_rss_mb()}
 
 
+def has_variance(group: Group, metric: str) -> bool:
+    """Whether ``metric`` (reward, em or f1) differs across the group's trajectories: a group GRPO learns from."""
+    values = [getattr(t, metric) for t in group]
+    return max(values) > min(values)
+
+
 def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: WeightPush, stream: QuestionStream,
                logger: Any, progress: bool = True) -> dict[str, float]:
     """Train until ``cfg.learner.steps`` policy versions (resuming first when ``cfg.run.resume``); last metrics."""
@@ -101,8 +117,11 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     version = learner.version
     if version:  # resumed: the workers start from the checkpoint's weights
         push.push(version)
+    ro = cfg.rollout
+    keep = functools.partial(has_variance, metric=ro.dynamic_sampling_metric) if ro.dynamic_sampling else None
     sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
-                             seed=cfg.learner.seed, version=version, steps=cfg.learner.steps)
+                             seed=cfg.learner.seed, version=version, steps=cfg.learner.steps, keep=keep,
+                             max_rounds=ro.max_sample_rounds)
     if position is not None:
         sched.restore(position)
         print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
@@ -133,6 +152,9 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         sched.advance(version)
         t2 = time.perf_counter()
         save_trajectories(trajs, out / "trajectories" / f"step_{version:06d}.parquet")
+        dropped = [t for g in sched.take_zero_variance() for t in g]
+        if dropped:
+            save_trajectories(dropped, out / "trajectories" / "dropped" / f"step_{version:06d}.parquet")
         if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
             # written beside the next step; the run's last checkpoint is whole before the loop returns
             learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
@@ -141,8 +163,22 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()
         metrics = step_metrics(trajs, learn, system, lags, cfg.ray.max_staleness, timings, pushed)
+        if cfg.rollout.dynamic_sampling:
+            metrics.update(_sampling_metrics(sched.sampling, cfg, version))
         logger.log(version, metrics)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}",
                         loss=f"{learn.get('loss', float('nan')):.4f}", buffered=int(system["groups_buffered"]))
     return metrics
+
+
+def _sampling_metrics(sampling: dict[str, float], cfg: ZipRLConfig, step: int) -> dict[str, float]:
+    """A step's dynamic sampling statistics as ``rollout/*`` metrics; warns when the step ran out of samples."""
+    if sampling["zero_variance_groups_trained"]:
+        print(f"[train] warning: step {step} sampled {sampling['groups_sampled']:.0f} groups "
+              f"(rollout.max_sample_rounds={cfg.rollout.max_sample_rounds} x {cfg.learner.global_batch_questions}) "
+              f"and only {sampling['groups_kept']:.0f} varied in {cfg.rollout.dynamic_sampling_metric}; it trains "
+              f"{sampling['zero_variance_groups_trained']:.0f} zero-variance groups too. Raise "
+              "rollout.max_sample_rounds or give the task questions the policy sometimes solves", file=sys.stderr,
+              flush=True)
+    return {f"rollout/{k}": v for k, v in sampling.items()}

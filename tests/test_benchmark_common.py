@@ -1,0 +1,92 @@
+"""benchmarks/_common.py: every result file says where it comes from (commit, command, config, machine, date)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def common():
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("_common")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_result_files_record_commit_command_config_machine_and_date(common, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning.py"), "--quick", "--out", "/elsewhere/runs/x"])
+    config = common.REPO / "configs" / "learn-cpu.yaml"
+    js, md = common.write_results("demo", [{"a": 1.5}], {"seeds": [0]}, config=config)
+    got = json.loads(js.read_text())
+    assert got["rows"] == [{"a": 1.5}]
+    assert got["meta"] == {"seeds": [0]}
+    assert got["commit"] == common.COMMIT
+    assert got["command"] == "python benchmarks/learning.py --quick --out x"
+    assert got["config"] == {"path": "configs/learn-cpu.yaml", "text": config.read_text()}
+    assert set(got["machine"]) == {"cpu", "cores", "cpu_flags", "python", "torch", "gpu"}
+    assert got["date"][:4].isdigit()
+    assert got["date"].endswith("+00:00")
+    lines = md.read_text().splitlines()
+    assert lines[:5] == [f"- commit: `{common.COMMIT}`", "- command: `python benchmarks/learning.py --quick --out x`",
+                         "- config: `configs/learn-cpu.yaml`", lines[3], f"- date: {got['date']}"]
+    assert lines[3].startswith("- machine: ")
+    assert lines[5:] == ["", "| a |", "|---|", "| 1.5 |"]
+
+
+def test_a_config_given_as_a_dict_is_recorded_as_given_and_none_as_none(common):
+    assert common.provenance({"lr": 1e-5})["config"] == {"lr": 1e-5}
+    assert common.provenance()["config"] is None
+    assert "- config: `none`" in common.markdown_header(common.provenance())
+
+
+def test_the_commit_is_the_checkout_head(common):
+    assert common.COMMIT.removesuffix("-dirty") == _git(common.REPO, "rev-parse", "HEAD")
+
+
+def test_the_commit_is_dirty_with_uncommitted_code_but_not_with_new_results(common, tmp_path, monkeypatch):
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "c")
+    head = _git(tmp_path, "rev-parse", "HEAD")
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    assert common.git_commit() == head
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"new": 1}\n')
+    (tmp_path / "untracked.txt").write_text("scratch\n")
+    assert common.git_commit() == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert common.git_commit() == f"{head}-dirty"
+
+
+def test_outside_a_git_checkout_the_commit_is_unknown(common, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert common.git_commit() == "unknown"
+
+
+def test_machine_names_the_cpu_its_kernel_flags_and_torch(common):
+    import torch
+
+    m = common.machine()
+    assert m["cores"] >= 1
+    assert set(m["cpu_flags"]) <= set(common.CPU_FLAGS)
+    assert m["torch"] == torch.__version__
+    flags = common.cpuinfo().get("flags", "").split()
+    assert m["cpu_flags"] == [f for f in common.CPU_FLAGS if f in flags]
