@@ -289,7 +289,15 @@ def write_doc() -> None:
             "and the one `error:` line it prints (argparse's own usage errors print their usage first). DIR is a "
             "directory of small bad files the test writes. Regenerate with `python -m tests.test_bad_commands`.", "",
             "| input | command | exit | message |", "|---|---|---|---|"]
-    DOC.write_text("\n".join(head + rows) + "\n", encoding="utf-8")
+    from tests.test_adversarial_commands import ROWS, doc_rows
+
+    second = ["", "## Adversarial command lines", "",
+              f"Each row is one of `tests/test_adversarial_commands.py`'s {len(ROWS)} rows (issue 46), run in a fresh "
+              "directory DIR of the user's own files (a foreign folder `user/`, a FIFO, symbolic links, a folder whose "
+              "run marker is a directory, datasets with a JSON array, a lone surrogate or a one-megabyte question, ...). "
+              "Each exits 2 with one `error:` line, and every file that was there keeps its bytes, with nothing added.",
+              "", "| input | command | exit | message |", "|---|---|---|---|"]
+    DOC.write_text("\n".join(head + rows + second + doc_rows()) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def test_plain_values_still_load():
     ("{a: 1", "env.max_turns: not valid YAML"),
     ("'unterminated", "env.max_turns: not valid YAML"),
     ("a: b: c", "env.max_turns: not valid YAML"),
-    ("\x00", "env.max_turns: not valid YAML"),
+    ("\x00", r"env.max_turns: holds a NUL byte \(\\0\) at position 0; remove it"),
     ("&x 3", "anchors and aliases"),
     ("*x", "anchors and aliases"),
     ("[" * 200 + "]" * 200, "nested more than"),
@@ -104,7 +104,7 @@ def test_config_file_problems_name_the_file_and_the_fix(tmp_path, monkeypatch):
         top = tmp_path / "top.yaml"
         top.write_text(text)
         with pytest.raises(ConfigError, match=rf"top.yaml holds {kind}, not a mapping of sections; write it as "
-                                              r"'section:' lines, e.g. 'env:' then '  max_turns: 6'"):
+                                              r"'section:' lines, e.g. 'env:' then 'max_turns: 6' indented under it"):
             load_config(top)
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n")
@@ -165,3 +165,107 @@ def test_show_prints_one_error_line(capsys):
     assert main(["--show", "--set", "env.max_turns=[1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: env.max_turns: not valid YAML") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("env:\n  max_turns: 3\n  max_turns: 4\n", r"line 3: key 'max_turns' is given twice \(first on line 2\); keep one"),
+    ("env:\n  top_k: 3\nenv:\n  max_turns: 4\n", r"line 3: key 'env' is given twice \(first on line 1\); keep one"),
+    ("demos:\n  datasets: [{a: 1, a: 2}]\n", r"line 2: key 'a' is given twice"),
+])
+def test_duplicate_keys_are_refused(text, needle, tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^config file {path}: {needle}"):
+        load_config(path)
+
+
+def test_duplicate_keys_in_a_set_mapping_are_refused():
+    with pytest.raises(ConfigError, match=r"^env.scoring: line 1: key 'w_info' is given twice"):
+        load_config(None, ["env.scoring={w_info: 0.5, w_info: 0.1}"])
+    assert load_config(None, ["env.scoring={w_info: 0.5, w_sem: 0.1}"]).env.scoring.w_sem == 0.1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("run.out_dir=null", "run.out_dir: expected a path, got null"),
+    ("demos.out=~", "demos.out: expected a path, got null"),
+    ("model.cache_dir=null", "model.cache_dir: expected a path, got null"),
+    ("run.out_dir=None", "run.out_dir is 'None', which reads as null, but run.out_dir must be a path; write ./None for "
+                         "a folder of that name"),
+    ("run.out_dir=", "run.out_dir is empty; give a path"),
+    ("model.path=''", "model.path is empty; give a path or null (the default)"),
+    ("demos.datasets=[sample, null]", "demos.datasets: expected a path, got null"),
+    ("retriever.query_prefix=null", "retriever.query_prefix: expected str, got null"),
+    ("env.strategy=null", "env.strategy: expected str, got null"),
+])
+def test_null_is_no_path(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, [override])
+    assert str(exc.value) == message
+
+
+def test_null_path_in_a_file_names_the_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  out_dir:\n")
+    with pytest.raises(ConfigError, match=r"^run.out_dir: expected a path, got null$"):
+        load_config(path)
+    assert load_config(None, ["run.out_dir=./None"]).run.out_dir == "./None"
+    assert load_config(None, ["model.path=null"]).model.path is None  # a nullable path keeps its default
+
+
+@pytest.mark.parametrize("field", ["run.out_dir", "model.path", "retriever.corpus", "data.dataset", "demos.out"])
+def test_a_nul_byte_in_a_path_is_refused_at_load(field, tmp_path):
+    section, name = field.split(".")
+    path = tmp_path / "nul.yaml"
+    path.write_text(f'{section}:\n  {name}: "runs/a\\0b"\n')
+    with pytest.raises(ConfigError, match=rf"^{field} 'runs/a\\x00b' holds a NUL byte \(\\0\) at position 6; remove it"):
+        load_config(path)
+    path.write_text('demos:\n  datasets: [sample, "x\\0"]\n')
+    with pytest.raises(ConfigError, match=r"^demos.datasets 'x\\x00' holds a NUL byte"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("env.strategy={big}", "got 'aaaa"), ("ray.address='a {big}'", "(1000002 chars)"),
+    ("run.out_dir=\"{big}\\0\"", "(1000001 chars) holds a NUL byte (\\0) at position 1000000"),
+    ("env.max_turns={digits}", "a number of more than 4300 digits"), ("model.path=[{big}]", "got a list"),
+    ("env.scoring={{{big}: 1}}", "not valid YAML"), ("{big}", "(1000000 chars) must look like section.field=value"),
+])
+def test_a_long_value_is_shortened_in_the_message(override, needle, capsys):
+    big, digits = "a" * 1_000_000, "1" * 1_000_000
+    assert main(["--show", "--set", override.format(big=big, digits=digits)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert len(err) < 300, err[:400]
+    assert needle in err
+
+
+@pytest.mark.parametrize("override", ["{big}.x=1", "env.{big}=1"])
+def test_a_long_key_is_shortened_in_the_message(override, capsys):
+    assert main(["--show", "--set", override.format(big="a" * 1_000_000)]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 600, err[:700]  # the key twice, shortened, and the names it could be
+    assert "... (1000000 chars)" in err
+
+
+def _show(*args: str, stdout=None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "ziprl.config", "--show", *args], stdout=stdout or subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+
+
+def test_a_fifo_config_is_refused_before_it_is_opened(tmp_path):
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    proc = _show("--config", str(fifo))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: config file {fifo} is not a regular file; pass the path of a YAML file, e.g. "
+                           "configs/laptop.yaml\n")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_standard_output_on_a_full_disk_is_a_user_error():
+    with open("/dev/full", "w") as full:
+        proc = _show(stdout=full)
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: standard output: No space left on device; free some disk space or choose a location "
+                           "on another disk\n")

@@ -1,16 +1,28 @@
-"""Values that used to validate and then fail later are rejected by load_config (issue 14, item 6)."""
+"""Values that used to validate and then fail later are rejected by load_config (issue 14, item 6); every numeric
+field has a range, checked at load for every command (issue 46, item 2)."""
 
 from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib.util
+import re
+import types
+import typing
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import PASSAGES, SizedWordRetriever
-from ziprl.config import ConfigError, EnvConfig, load_config
+from ziprl import config
+from ziprl.config import INT_MAX, RANGES, ConfigError, EnvConfig, ZipRLConfig, check_range, load_config, main
 from ziprl.env import SearchCompressEnv
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("env.scoring.w_info=-0.4", "env.scoring weights"),
+    ("env.scoring.w_info=-0.4", "env.scoring.w_info must be >= 0, got -0.4"),
     ("env.scoring.w_sem=.nan", "env.scoring.w_sem must be a finite number"),
     ("env.scoring.w_ratio=nan", "env.scoring.w_ratio must be a finite number"),
     ("env.scoring.level_scale=inf", "level_scale must be a finite number"),
@@ -41,3 +53,173 @@ def test_top_k_above_the_corpus_size_is_refused_when_the_corpus_is_known():
     with pytest.raises(ConfigError, match="env.memory_max_chars"):
         SearchCompressEnv({"memory_max_chars": -1}, retriever=retriever)
     SearchCompressEnv(EnvConfig(top_k=3), retriever=retriever)
+
+
+def test_weights_need_a_positive_sum():
+    zero = [f"env.scoring.{w}=0" for w in ("w_ratio", "w_level", "w_info", "w_sem")]
+    with pytest.raises(ConfigError, match=r"env.scoring weights .* must have a positive sum, got \(0.0, 0.0, 0.0, 0.0\)"):
+        load_config(None, zero)
+
+
+@pytest.mark.parametrize(("override", "message"), [  # issue 46's cases: exit 1 "internal error" or accepted before
+    ("learner.seed=-1", "learner.seed must be in 0..4294967295, got -1"),
+    ("data.seed=4294967296", "data.seed must be in 0..4294967295, got 4294967296"),
+    ("model.num_threads=-3", "model.num_threads must be in 0..1024 (0 = torch's default), got -3"),
+    ("ray.retriever_replicas=0", "ray.retriever_replicas must be >= 1, got 0"),
+    ("ray.learner_cpus=-4", "ray.learner_cpus must be >= 0.0001 (Ray's smallest unit is 0.0001), got -4.0"),
+    ("ray.rollout_gpus=-1", "ray.rollout_gpus must be 0 or >= 0.0001 (a fraction shares a GPU; Ray's smallest unit is "
+                            "0.0001), got -1.0"),
+    ("ray.retriever_max_batch=0", "ray.retriever_max_batch must be >= 1, got 0"),
+    ("ray.retriever_timeout_s=1e300", "ray.retriever_timeout_s must be in (0, 1000000] (seconds), got 1e+300"),
+    ("retriever.nprobe=-1", "retriever.nprobe must be >= 0 (0 = FAISS's default), got -1"),
+    ("env.top_k=3000000000", "env.top_k must be in 1..2147483647, got 3000000000"),
+    ("sampling.temperature=1e-9", "sampling.temperature must be 0 or >= 0.001 (0 = greedy), got 1e-09"),
+    ("ray.http_port=0", "ray.http_port must be in 1..65535 (null = no HTTP route), got 0"),
+    ("model.device=gpu", "model.device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("sampling.stop=['</answer>', '']", "sampling.stop must not hold an empty string"),
+    ("demos.datasets=[]", "demos.datasets must name at least one QA set"),
+    ("ray.address=''", "ray.address must be null (start a local cluster), auto or a cluster address"),
+])
+def test_config_show_refuses_what_launch_would(override, message, capsys):
+    assert main(["--show", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}")
+    assert err.count("\n") == 1
+
+
+def _numeric_fields(cls: type = ZipRLConfig, prefix: str = "") -> list[str]:
+    """Dotted names of every int or float field (nullable ones too), from the type hints."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += _numeric_fields(tp, f"{prefix}{f.name}.")
+        elif {int, float} & set(typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType)
+                                else (tp,)):
+            out.append(prefix + f.name)
+    return out
+
+
+def test_every_numeric_field_has_a_range():
+    fields = _numeric_fields()
+    assert len(fields) > 60
+    assert sorted(set(fields) - set(RANGES)) == []
+    assert sorted(set(RANGES) - set(fields)) == []
+
+
+def _bounds(field: str) -> tuple[list, list]:
+    """(values the range of ``field`` allows, values it refuses), at and around its bounds."""
+    r, is_int = RANGES[field], _is_int(field)
+    lo = int(r.lo) if is_int else float(r.lo)
+    hi = r.hi if r.hi is not None else INT_MAX if is_int else None
+    ok, bad = ([] if r.above else [lo]), [lo if r.above else lo - 1]
+    if r.or_zero:
+        ok, bad = [*ok, 0], [*bad, lo / 2]
+    if hi is not None:
+        ok, bad = [*ok, int(hi) if is_int else float(hi)], [*bad, int(hi) + 1 if is_int else float(hi) * 2]
+    return ok, bad
+
+
+def _is_int(field: str) -> bool:
+    *sections, name = field.split(".")
+    cls = ZipRLConfig
+    for s in sections:
+        cls = typing.get_type_hints(cls)[s]
+    tp = typing.get_type_hints(cls)[name]
+    return int in (typing.get_args(tp) or (tp,))
+
+
+@pytest.mark.parametrize("field", sorted(RANGES))
+def test_each_range_is_checked_at_load(field):
+    ok, bad = _bounds(field)
+    for value in ok:
+        check_range(field, value)
+    for value in bad:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(field)} must be .*, got {re.escape(str(value))}$"):
+            load_config(None, [f"{field}={value!r}"])
+
+
+def test_cuda_is_checked_where_torch_can_tell(monkeypatch):
+    monkeypatch.setattr(config, "_torch_cuda_build", lambda: True)
+    monkeypatch.setattr(config, "_nvidia_gpus", lambda: 0)
+    with pytest.raises(ConfigError, match=r"^model.device=cuda asks for a CUDA device and this machine has none that "
+                                          r"torch may use; set model.device=auto \(CUDA when available\) or cpu$"):
+        load_config(None, ["model.device=cuda"])
+    assert load_config(None, ["model.device=cuda", "ray.address=auto"]).model.device == "cuda"  # a joined cluster's
+    assert load_config(None, ["model.device=auto"]).model.device == "auto"
+    monkeypatch.setattr(config, "_nvidia_gpus", lambda: 2)
+    assert load_config(None, ["model.device=cuda:1"]).model.device == "cuda:1"
+    with pytest.raises(ConfigError, match=r"model.device=cuda:2 asks for a CUDA device and this machine has 2 "
+                                          r"\(cuda:0..cuda:1\) that torch"):
+        load_config(None, ["model.device=cuda:2"])
+    monkeypatch.setattr(config, "_torch_cuda_build", lambda: False)
+    with pytest.raises(ConfigError, match=r"^model.device=cuda asks for CUDA and the installed torch is built without "
+                                          r"it; set model.device=auto"):
+        load_config(None, ["model.device=cuda"])
+    monkeypatch.setattr(config, "_torch_cuda_build", lambda: None)  # no torch, or a ROCm build: nothing to tell
+    assert load_config(None, ["model.device=cuda"]).model.device == "cuda"
+
+
+def test_the_cuda_probe_agrees_with_torch():
+    torch = pytest.importorskip("torch")
+    assert (config._missing_cuda("cuda", None) == "") is torch.cuda.is_available()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert config._missing_cuda(f"cuda:{count}", None) != ""
+    assert config._missing_cuda(f"cuda:{count}", "auto") == ""
+
+
+@pytest.mark.parametrize(("version_py", "cuda"), [
+    ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", False),
+    ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", True),
+    ("cuda = '11.8'\nhip = None\n", True),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133'\n", None),
+])
+def test_the_torch_build_is_read_without_importing_torch(version_py, cuda, tmp_path, monkeypatch):
+    (tmp_path / "version.py").write_text(version_py)
+    spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else None)
+    assert config._torch_cuda_build() is cuda
+
+
+class FakeNVML:
+    """libnvidia-ml's three calls, reporting ``count`` GPUs."""
+
+    def __init__(self, count: int):
+        self.count, self.shut = count, False
+
+    def nvmlInit_v2(self) -> int:  # noqa: N802 (NVML's names)
+        return 0
+
+    def nvmlDeviceGetCount_v2(self, out) -> int:  # noqa: N802
+        out._obj.value = self.count
+        return 0
+
+    def nvmlShutdown(self) -> int:  # noqa: N802
+        self.shut = True
+        return 0
+
+
+@pytest.mark.parametrize(("visible", "gpus"), [(None, 4), ("", 0), ("1", 1), ("0,2", 2), ("0,-1,2", 1), ("-1", 0),
+                                               ("GPU-1a2b,GPU-3c4d", 2), ("0,1,2,3,4,5", 4)])
+def test_nvidia_gpus_follow_cuda_visible_devices(visible, gpus, monkeypatch):
+    nvml = FakeNVML(4)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: nvml)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert config._nvidia_gpus() == gpus
+    assert nvml.shut
+
+
+def test_no_driver_is_no_gpu(monkeypatch):
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert config._nvidia_gpus() == 0
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_still_loads(path):
+    assert isinstance(load_config(path), ZipRLConfig)

@@ -66,9 +66,16 @@ def test_malformed_json_names_the_line(tmp_path):
         load_corpus(_write(tmp_path / "c.jsonl", [rec, '{"id": "b", "title": ']))
 
 
-def test_not_an_object(tmp_path):
-    with pytest.raises(CorpusError, match="line 1: expected a JSON object"):
-        load_corpus(_write(tmp_path / "c.jsonl", ["[1, 2]"]))
+@pytest.mark.parametrize("lines", [["5"], [json.dumps({"id": "a", "title": "T", "text": "x"}), "[1, 2]"]])
+def test_not_an_object(tmp_path, lines):
+    with pytest.raises(CorpusError, match=f"line {len(lines)}: expected a JSON object"):
+        load_corpus(_write(tmp_path / "c.jsonl", lines))
+
+
+def test_a_json_array_is_named_with_its_conversion(tmp_path):
+    with pytest.raises(CorpusError, match=r"c\.jsonl is a JSON array, not JSONL \(one JSON object per line\); convert "
+                                          r"it with: python -c .+ > \S+/c\.lines\.jsonl$"):
+        load_corpus(_write(tmp_path / "c.jsonl", ["", "[1, 2]"]))
 
 
 @pytest.mark.parametrize(("record", "problem"), [

@@ -121,7 +121,7 @@ def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, mon
     partial = tmp_path / ".idx.partial"
     progress = json.loads((partial / "progress.json").read_text())
     assert progress["added"] == [150, 0] and progress["files"] == ["index.partial-150.faiss", None]
-    assert not (tmp_path / "idx").exists()
+    assert not (tmp_path / "idx" / "manifest.json").exists()  # idx holds only the build's lock
     calls["rows"] = 0
     calls["n"] = -100
     _build(data, encoder, tmp_path / "idx", **kw)
@@ -150,7 +150,8 @@ def test_sharded_search_equals_unsharded_flat(data, encoder, tmp_path):
     _, _, passages, x = data
     whole = Retriever.load(_build(data, encoder, tmp_path / "one"), encoder)
     out = _build(data, encoder, tmp_path / "three", shards=3)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard-000", "shard-001", "shard-002"]
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-run", "manifest.json", "shard-000", "shard-001",
+                                                     "shard-002"]
     sharded = Retriever.load(out, encoder)
     assert sharded.manifest["shard_counts"] == [200, 200, 200]
     rng = np.random.default_rng(1)

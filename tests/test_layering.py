@@ -31,7 +31,7 @@ ORDER = ["scoring/", "retrieval/", "env/", "policy/", "learner/", "loop/", "acto
 
 HEAVY = frozenset({"torch", "ray", "transformers", "vllm", "deepspeed"})
 GPU_EXTRAS = frozenset({"vllm", "deepspeed"})  # optional: imported only inside functions, everywhere
-FOUNDATION = frozenset({"boundary.py", "paths.py", "registry.py", "config.py"})
+FOUNDATION = frozenset({"boundary.py", "paths.py", "registry.py", "config.py", "outputs.py"})
 # an upward import the table allows only inside a function, and only of this module
 LAZY_EXCEPTIONS = {("ziprl/env/tokenized.py", "ziprl.policy.models")}  # the tokenizer loader (RLlib wrapper)
 
@@ -53,6 +53,7 @@ LIBRARY = FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "tb.py", "p
 LAYERS: dict[str, Row] = {
     "boundary.py": row((), HEAVY),
     "paths.py": row((), HEAVY),
+    "outputs.py": row({"boundary.py", "paths.py"}, HEAVY),
     "registry.py": row((), HEAVY),  # imports the plug-in packages it names by name, on first lookup
     "config.py": row({"boundary.py", "registry.py"}, HEAVY),
     "scoring/": row({"registry.py"}, HEAVY),
@@ -73,7 +74,8 @@ LAYERS: dict[str, Row] = {
     ROOT: row((), HEAVY),
 }
 # the layers whose every module imports neither torch nor Ray (checked in a fresh interpreter)
-LIGHT = ("scoring", "retrieval", "env", "loop", "boundary", "paths", "registry", "config", "tb", "plots", "rundir")
+LIGHT = ("scoring", "retrieval", "env", "loop", "boundary", "paths", "registry", "config", "outputs", "tb", "plots",
+         "rundir")
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def test_env_layer_imports_without_torch():
 
 def test_index_files_and_manifest(flat_dir, passages):
     assert {p.name for p in flat_dir.iterdir()} == {"index.faiss", "passages.arrow", "id_hash.npy", "id_row.npy",
-                                                     "manifest.json"}
+                                                     "manifest.json", ".ziprl-run"}
     m = json.loads((flat_dir / "manifest.json").read_text())
     assert m["count"] == N and m["dim"] == 384 and m["index_type"] == "flat" and m["factory"] == "Flat"
     assert m["shards"] == 1 and m["shard_counts"] == [N] and m["format"] == 2

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tests.test_trainer import make_cfg, requires_deepspeed
 from ziprl.cli import launch, train
 from ziprl.learner.checkpoint import clean_orphans, latest_checkpoint, save_checkpoint, verify_checkpoint
-from ziprl.rundir import MARKER, RunDirError, prepare_run_dir, read_marker, write_config
+from ziprl.outputs import MARKER, OutputError, read_marker
+from ziprl.rundir import prepare_run_dir, write_config
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +57,22 @@ def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
 
 @requires_deepspeed
 def test_a_non_empty_dir_needs_resume_or_overwrite(run_dir, tmp_path):
-    with pytest.raises(RunDirError, match="--resume to continue.*--overwrite"):
+    with pytest.raises(OutputError, match="--resume to continue.*--overwrite"):
         prepare_run_dir(run_dir, resume=False, overwrite=False)
     assert prepare_run_dir(tmp_path / "new", resume=False, overwrite=False) is None and (tmp_path / "new").is_dir()
     out = copy_run(run_dir, tmp_path)
     (out / MARKER).write_text('{"format": 1}')
     assert prepare_run_dir(out, resume=False, overwrite=True) is None and [p.name for p in out.iterdir()] == [MARKER]
-    with pytest.raises(RunDirError, match="contradict"):
+    with pytest.raises(OutputError, match="contradict"):
         prepare_run_dir(out, resume=True, overwrite=True)
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path):
-    with pytest.raises(RunDirError, match="holds no run to resume"):
+    with pytest.raises(OutputError, match="holds no run to resume"):
         prepare_run_dir(tmp_path / "none", resume=True, overwrite=False)
     (tmp_path / "logs").mkdir()
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(RunDirError, match="no checkpoint to resume from"):
+    with pytest.raises(OutputError, match="no checkpoint to resume from"):
         prepare_run_dir(tmp_path, resume=True, overwrite=False)
 
 
@@ -105,7 +106,7 @@ def test_resume_rejects_a_broken_checkpoint_before_any_model_loads(damage, run_d
         (ckpt / "state.json").write_text('{"step": 1')
     else:
         (ckpt / "rng.safetensors").unlink()
-    with pytest.raises(RunDirError, match="--resume: .*--overwrite"):
+    with pytest.raises(OutputError, match="--resume: .*--overwrite"):
         prepare_run_dir(out, resume=True, overwrite=False)
 
 
@@ -120,7 +121,7 @@ def test_a_resumed_run_keeps_the_old_config(tmp_path):
 def test_overwrite_refuses_to_delete_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "precious.txt").write_text("x")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(RunDirError, match="working or home directory"):
+    with pytest.raises(OutputError, match="working or home directory"):
         prepare_run_dir(tmp_path, resume=False, overwrite=True)
     assert (tmp_path / "precious.txt").is_file()
 
@@ -201,7 +202,7 @@ def test_overwrite_refuses_a_run_holding_a_foreign_file(away):
     run = marked_run(away / "run")
     (run / "notes.txt").write_text("my notes")
     before = snapshot(run)
-    with pytest.raises(RunDirError, match=r"entries a ZipRL run does not write \(notes\.txt\).*move them out"):
+    with pytest.raises(OutputError, match=r"entries a train/launch run does not write \(notes\.txt\).*move them out"):
         prepare_run_dir(run, resume=False, overwrite=True)
     assert snapshot(run) == before
 
@@ -226,7 +227,7 @@ def test_overwrite_never_follows_a_symlink_out_of_the_run(where, away):
         shutil.rmtree(link)
     link.symlink_to(outside, target_is_directory=True)
     before, outside_before = snapshot(run), snapshot(outside)
-    with pytest.raises(RunDirError, match=f"symbolic links \\({where}\\)"):
+    with pytest.raises(OutputError, match=f"holds links \\({where}\\)"):
         prepare_run_dir(run, resume=False, overwrite=True)
     assert snapshot(outside) == outside_before and snapshot(run) == before
 
@@ -239,7 +240,7 @@ def test_out_may_be_a_symlink_to_a_marked_run(away):
     proj = checkout(away / "project")
     (away / "plink").symlink_to(proj, target_is_directory=True)
     before = snapshot(proj)
-    with pytest.raises(RunDirError, match="no .ziprl-run marker"):
+    with pytest.raises(OutputError, match="no .ziprl-run marker"):
         prepare_run_dir(away / "plink", resume=False, overwrite=True)
     assert snapshot(proj) == before
 
@@ -300,6 +301,6 @@ def test_overwrite_never_removes_anything_that_is_not_a_marked_run(tree, marked,
     root.mkdir()
     build(root, tree)
     before = snapshot(root)
-    with pytest.raises(RunDirError, match="nothing was deleted"):
+    with pytest.raises(OutputError, match="nothing was deleted"):
         prepare_run_dir(root, resume=False, overwrite=True)
     assert snapshot(root) == before

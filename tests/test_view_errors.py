@@ -113,7 +113,7 @@ def test_out_writes_the_report_and_an_html_file_is_replaced(run_dir, tmp_path):
     out = tmp_path / "new" / "r.html"
     assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
     assert 'id="ziprl-episodes"' in out.read_text()
-    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
+    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none", "--overwrite"]) == 0
     assert listing(tmp_path / "new") == ["r.html"]
 
 

@@ -10,20 +10,25 @@ the effective config with it (:func:`describe`).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import difflib
 import functools
+import importlib.util
+import itertools
 import math
 import os
+import re
 import sys
 import textwrap
 import types
 import typing
+from collections.abc import Hashable
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ziprl.boundary import UserError
+from ziprl.boundary import UserError, run_command, shown
 from ziprl.registry import ADVANTAGES, ENGINES, LOSS_NORMS, LOSSES, REWARDS, STRATEGIES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -127,10 +132,17 @@ class ModelConfig:
     engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
                             "lazily imported) | llamacpp (CPU, Llama-architecture models, the llamacpp extra; "
                             "slower than hf where hf's fused bf16 decode steps run: README); ziprl/policy/engines/.")
-    device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine).")
+    device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine). A CUDA device torch "
+                              "does not see on this machine is refused at load, except with ray.address set (a "
+                              "joined cluster's workers have GPUs of their own).")
     fused_decode: bool = opt(True, "hf engine, bfloat16 Llama-architecture model on a CPU with AVX-512 BF16: run each "
                                    "decode step as one C++ call (ziprl/policy/cpu_decode.py; scripts/setup.sh "
                                    "builds it, else the first use, ~30 s); false, or anywhere else: the model's forward.")
+    static_decode: bool | None = opt(None, "hf engine: decode over a KV cache of fixed shape, each step's shape "
+                                           "captured once as a CUDA graph and the tokens drawn on the device "
+                                           "(ziprl/policy/static_decode.py; Llama, Mistral, Qwen2 and Qwen3 models "
+                                           "without sliding windows). null = on with CUDA (off for other models), "
+                                           "off on a CPU; true also runs on a CPU, without graphs.")
     gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
     num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "
                               "2-core box).")
@@ -158,6 +170,9 @@ class DataConfig:
     shared_dir: str | None = opt(None, "where the pooled sets live; null = ../shared/data next to the repository.")
     limit: int | None = opt(None, "keep a seeded random subset of this many questions; null = all.")
     seed: int = opt(0, "seed of the subset, the training question order and the evaluation rollouts.")
+    max_question_chars: int = opt(8000, "a longer question is refused when the dataset loads (train, launch, eval, "
+                                        "demos); a prompt that outgrows the model's context still ends its episode "
+                                        "unfinished.")
 
 
 @dataclass
@@ -167,6 +182,16 @@ class RolloutConfig:
     group_size: int = opt(2, "G, trajectories per question: one GRPO group (Eq. GRPO advantage); in eval, "
                              "samples per question. Paper-scale: 8 (configs/paper.yaml).")
     batch_questions: int = opt(1, "questions per job of a Ray rollout actor (ziprl.launch).")
+    dynamic_sampling: bool = opt(False, "DAPO's dynamic sampling (verl: filter_groups): drop every group whose "
+                                        "dynamic_sampling_metric is equal across its G trajectories and draw more "
+                                        "questions until learner.global_batch_questions groups with variance are "
+                                        "in hand, so every step trains on signal and runs compared at equal steps "
+                                        "take equal updates. Dropped groups go to trajectories/dropped/.")
+    dynamic_sampling_metric: str = opt("reward", "what a group must vary in to be kept by dynamic_sampling: "
+                                                 "reward | em | f1.")
+    max_sample_rounds: int = opt(10, "with dynamic_sampling, a step samples at most this many x "
+                                     "learner.global_batch_questions groups (verl: max_num_gen_batches), then "
+                                     "fills up with zero-variance groups and warns; 0 = no limit.")
 
 
 @dataclass
@@ -179,11 +204,12 @@ class LearnerConfig:
     global_batch_questions: int = opt(1, "questions (GRPO groups) per learner step. Paper: 64.")
     micro_batch_turns: int = opt(4, "turns per forward/backward pass (gradients accumulate over a step). Paper "
                                     "layout: 8 (configs/paper.yaml).")
-    micro_batch_tokens: int = opt(0, "when > 0, replaces micro_batch_turns: each forward/backward pass takes the "
-                                     "next length-sorted turns while rows x longest row stays within this many "
-                                     "tokens (a longer turn runs alone; verl's dynamic batch size, in padded "
-                                     "tokens). Fewer, fuller passes keep a GPU busy: Qwen3-1.7B on an H200 was "
-                                     "launch-bound at 4 turns (~4.5k tokens) a pass.")
+    micro_batch_tokens: int | None = opt(None, "when > 0, replaces micro_batch_turns: each forward/backward pass "
+                                               "takes the next length-sorted turns while rows x longest row stays "
+                                               "within this many tokens (a longer turn runs alone; verl's dynamic "
+                                               "batch size, in padded tokens). null = chosen from the hardware "
+                                               "(ziprl/learner/hardware.py): 0 on a CPU; on a GPU up to 16384, as "
+                                               "much as its memory holds beside the training state.")
     clip_eps: float = opt(0.2, "epsilon of the clipped ratio, clip(rho, 1 - eps, 1 + eps) (Eq. J_ZipRL). Common "
                                "GRPO value: 0.2.")
     beta: float = opt(0.001, "weight of the KL penalty to the reference policy (k3 estimator, Eq. J_ZipRL); 0 skips "
@@ -205,8 +231,10 @@ class LearnerConfig:
                                        "the batch) | constant (Dr. GRPO: 1/(G L), L = env.max_turns x "
                                        "sampling.max_new_tokens).")
     max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this; 0 = no clipping.")
-    zero_stage: int = opt(0, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer state over "
-                             "ray.learner_ranks).")
+    zero_stage: int | None = opt(None, "DeepSpeed ZeRO stage 0..3 (3 shards weights, gradients and optimizer "
+                                       "state over ray.learner_ranks). null = chosen from the hardware: 0 on a CPU; "
+                                       "on a GPU 2 (DeepSpeed's bf16 mode), 3 where several ranks need the "
+                                       "weights sharded to fit in GPU memory.")
     bf16: bool | None = opt(None, "bfloat16 compute with float32 master weights and optimizer state (autocast; "
                                   "DeepSpeed's bf16 mode on CUDA with ZeRO >= 1); null = on where it is faster: "
                                   "CUDA with bf16, or a CPU whose measured bf16 matrix products run >= 1.5x its "
@@ -325,58 +353,34 @@ class ZipRLConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> ZipRLConfig:
-        """Raise ConfigError on values that would fail later; returns self."""
-        e, s, lr, run = self.env, self.env.scoring, self.learner, self.run
+        """Raise ConfigError on values that would fail later; returns self. Each numeric field is held to its
+        :data:`RANGES` entry and each path field to being a path first, then the fields are checked together, and
+        last a CUDA ``model.device`` against this machine."""
+        e, s, lr = self.env, self.env.scoring, self.learner
         in_flight = (self.ray.max_staleness + 1) * lr.global_batch_questions  # groups the capacity rule admits at once
-        for where, value in _float_fields(self):
-            if not math.isfinite(value):
-                raise ConfigError(f"{where} must be a finite number, got {value}")
+        for where, value in _numbers(self):
+            check_range(where, value)
+        _check_paths(self)
         weights = (s.w_ratio, s.w_level, s.w_info, s.w_sem)
         engine = ENGINES.get(self.model.engine)  # its EngineSpec; None if unregistered
         checks = [
-            (min(weights) >= 0 and sum(weights) > 0,
-             f"env.scoring weights w_ratio, w_level, w_info, w_sem must be >= 0 with a positive sum, got {weights}"),
-            (e.memory_max_chars is None or e.memory_max_chars >= 0,
-             f"env.memory_max_chars must be >= 0 (0 = no bound) or null (the default budget), got {e.memory_max_chars}"),
-            (e.max_response_chars >= MIN_RESPONSE_CHARS, f"env.max_response_chars must be >= {MIN_RESPONSE_CHARS} "
-             f"(room for a compress block and an action), got {e.max_response_chars}"),
-            (lr.lr > 0, f"learner.lr must be > 0, got {lr.lr}"),
-            (self.sft.lr > 0, f"sft.lr must be > 0, got {self.sft.lr}"),
-            (lr.weight_decay >= 0 and lr.warmup_steps >= 0, "learner.weight_decay and learner.warmup_steps must be >= 0"),
-            (lr.max_grad_norm >= 0 and lr.adv_eps > 0,
-             "learner.max_grad_norm must be >= 0 (0 = no clipping) and learner.adv_eps > 0"),
-            (min(lr.steps, lr.global_batch_questions, lr.micro_batch_turns) >= 1,
-             "learner.steps, learner.global_batch_questions and learner.micro_batch_turns must be >= 1"),
-            (lr.micro_batch_tokens >= 0, f"learner.micro_batch_tokens must be >= 0 (0 = micro_batch_turns turns a "
-                                         f"pass), got {lr.micro_batch_tokens}"),
-            (min(self.sft.epochs, self.sft.micro_batch) >= 1 and self.sft.max_seq_len >= 2,
-             "sft.epochs and sft.micro_batch must be >= 1, sft.max_seq_len >= 2"),
-            (run.checkpoint_every >= 1, f"run.checkpoint_every must be >= 1 (a checkpoint every N learner steps), "
-             f"got {run.checkpoint_every}"),
-            (run.keep_checkpoints >= 0, f"run.keep_checkpoints must be >= 0 (0 keeps all), got {run.keep_checkpoints}"),
-            (self.rollout.batch_questions >= 1, "rollout.batch_questions must be >= 1"),
-            (self.data.limit is None or self.data.limit >= 1, f"data.limit must be >= 1 or null, got {self.data.limit}"),
-            (self.demos.limit >= 0, f"demos.limit must be >= 0 (0 = every question), got {self.demos.limit}"),
-            (self.retriever.snippet_chars >= 1 and self.retriever.batch_size >= 1,
-             "retriever.snippet_chars and retriever.batch_size must be >= 1"),
-            (self.ray.http_port is None or 1 <= self.ray.http_port <= 65535, "ray.http_port must be in 1..65535"),
+            (sum(weights) > 0, f"env.scoring weights w_ratio, w_level, w_info, w_sem must have a positive sum, got "
+                               f"{weights}"),
+            (self.data.max_question_chars >= 1,
+             f"data.max_question_chars must be >= 1, got {self.data.max_question_chars}"),
             (self.ray.http_port is None or self.ray.http_host in LOOPBACK or bool(os.environ.get(HTTP_TOKEN_ENV)),
              f"ray.http_host={self.ray.http_host} exposes the retriever beyond this machine: set {HTTP_TOKEN_ENV} to a "
              "secret token (clients send 'Authorization: Bearer <token>'), or bind ray.http_host=127.0.0.1"),
             (e.strategy in STRATEGIES, f"env.strategy must be a registered strategy ({', '.join(STRATEGIES)}), "
-             f"got {e.strategy!r}"),
-            (1 <= e.uniform_level <= 5, f"env.uniform_level must be 1..5, got {e.uniform_level}"),
-            (e.window_size >= 1, f"env.window_size must be >= 1, got {e.window_size}"),
-            (e.top_k >= 1, f"env.top_k must be >= 1, got {e.top_k}"),
-            (e.max_turns >= 1, f"env.max_turns must be >= 1, got {e.max_turns}"),
-            (e.reward in REWARDS, f"env.reward must be a registered reward ({', '.join(REWARDS)}), got {e.reward!r}"),
-            (e.open_max_chars > 0, "env.open_max_chars must be > 0"),
-            (0.0 <= e.retrieval_noise <= 1.0, f"env.retrieval_noise must be in [0, 1], got {e.retrieval_noise}"),
-            (s.level_scale > 0, f"env.scoring.level_scale must be > 0, got {s.level_scale}"),
+             f"got {shown(e.strategy)}"),
+            (e.reward in REWARDS, f"env.reward must be a registered reward ({', '.join(REWARDS)}), got "
+                                  f"{shown(e.reward)}"),
             (engine is not None, f"model.engine must be a registered engine ({', '.join(ENGINES)}), "
-             f"got {self.model.engine!r}"),
+             f"got {shown(self.model.engine)}"),
             (self.model.dtype in (*DTYPES, "auto"),
-             f"model.dtype must be float32, bfloat16, float16 or auto, got {self.model.dtype!r}"),
+             f"model.dtype must be float32, bfloat16, float16 or auto, got {shown(self.model.dtype)}"),
+            (re.fullmatch(DEVICE_RE, self.model.device) is not None,
+             f"model.device must be auto, cpu, cuda or cuda:N, got {shown(self.model.device)}"),
             (engine is None or engine.cpu or self.model.device != "cpu",
              f"model.engine={self.model.engine} runs on CUDA only: set model.device=auto (or cuda), or model.engine="
              f"{' | '.join(n for n in ENGINES if ENGINES[n].cpu)} for the CPU"),
@@ -384,14 +388,21 @@ class ZipRLConfig:
              f"model.engine={self.model.engine} needs a package that is not installed: {engine and engine.install}"),
             (isinstance(self.retriever.index_type, str) and self.retriever.index_type.strip() != "",
              "retriever.index_type must be 'flat', 'hnsw' or a FAISS factory string (e.g. 'IVF4096,PQ64,RFlat')"),
-            (self.retriever.shards >= 1 and self.retriever.chunk_size >= 1 and self.retriever.train_size >= 1,
-             "retriever.shards, retriever.chunk_size and retriever.train_size must be >= 1"),
-            (min(self.retriever.nprobe, self.retriever.ef_search, self.retriever.k_factor) >= 0,
-             "retriever.nprobe, retriever.ef_search and retriever.k_factor must be >= 0 (0 = FAISS's default)"),
-            (self.sampling.temperature >= 0, "sampling.temperature must be >= 0"),
-            (0 < self.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
-            (self.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
-            (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+            (all(self.sampling.stop or ["-"]), "sampling.stop must not hold an empty string (it would end every "
+                                               "turn at once); drop it from the list"),
+            (len(self.demos.datasets) >= 1, "demos.datasets must name at least one QA set, e.g. [sample]"),
+            (self.ray.address is None or re.fullmatch(r"\S+", self.ray.address) is not None,
+             f"ray.address must be null (start a local cluster), auto or a cluster address such as "
+             f"ray://host:10001, got {shown(self.ray.address)}"),
+            (re.fullmatch(r"\S+", self.ray.http_host) is not None,
+             f"ray.http_host must be an address such as 127.0.0.1, got {shown(self.ray.http_host)}"),
+            (self.rollout.dynamic_sampling_metric in ("reward", "em", "f1"),
+             f"rollout.dynamic_sampling_metric must be reward, em or f1, got {self.rollout.dynamic_sampling_metric!r}"),
+            (self.rollout.max_sample_rounds >= 0,
+             f"rollout.max_sample_rounds must be >= 0 (0 = no limit), got {self.rollout.max_sample_rounds}"),
+            (not self.rollout.dynamic_sampling or self.rollout.group_size >= 2,
+             "rollout.dynamic_sampling=true keeps only groups whose G trajectories differ, and one trajectory never "
+             "does: set rollout.group_size >= 2 or rollout.dynamic_sampling=false"),
             (not lr.drop_zero_variance_groups or self.rollout.group_size >= 2,
              "learner.drop_zero_variance_groups=true drops every group when rollout.group_size=1 (one trajectory has "
              "no reward variance), so nothing would train: set rollout.group_size >= 2 or "
@@ -401,27 +412,15 @@ class ZipRLConfig:
              f"((ray.max_staleness + 1) x learner.global_batch_questions) the staleness rule lets run at once: every "
              f"rollout job would be cut to {in_flight} questions; set rollout.batch_questions <= {in_flight}"),
             (lr.advantage_estimator in ADVANTAGES, f"learner.advantage_estimator must be a registered estimator "
-             f"({', '.join(ADVANTAGES)}), got {lr.advantage_estimator!r}"),
+             f"({', '.join(ADVANTAGES)}), got {shown(lr.advantage_estimator)}"),
             (lr.policy_loss in LOSSES, f"learner.policy_loss must be a registered loss ({', '.join(LOSSES)}), "
-             f"got {lr.policy_loss!r}"),
+             f"got {shown(lr.policy_loss)}"),
             (lr.loss_norm in LOSS_NORMS, f"learner.loss_norm must be a registered normalisation "
-             f"({', '.join(LOSS_NORMS)}), got {lr.loss_norm!r}"),
-            (lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0..3"),
+             f"({', '.join(LOSS_NORMS)}), got {shown(lr.loss_norm)}"),
             (lr.rollout_correction in ("auto", "tis", "off"),
-             f"learner.rollout_correction must be auto, tis or off, got {lr.rollout_correction!r}"),
-            (lr.tis_cap >= 1, f"learner.tis_cap must be >= 1 (a cap below 1 down-weights on-policy tokens), got "
-                              f"{lr.tis_cap}"),
-            (lr.clip_eps > 0 and lr.beta >= 0 and lr.hrr_weight >= 0, "learner clip_eps > 0, beta >= 0, hrr_weight >= 0"),
-            (self.ray.max_staleness >= 0, "ray.max_staleness must be >= 0"),
-            (self.ray.retriever_max_queued >= 1 and self.ray.retriever_timeout_s > 0,
-             "ray.retriever_max_queued must be >= 1 and ray.retriever_timeout_s > 0"),
-            (self.ray.num_rollout_actors >= 1, "ray.num_rollout_actors must be >= 1"),
-            (self.ray.learner_ranks >= 1, "ray.learner_ranks must be >= 1"),
+             f"learner.rollout_correction must be auto, tis or off, got {shown(lr.rollout_correction)}"),
             (self.weights.transport in TRANSPORTS,
-             f"weights.transport must be {' or '.join(map(repr, TRANSPORTS))}, got {self.weights.transport!r}"),
-            (self.weights.bucket_mb > 0, f"weights.bucket_mb must be > 0, got {self.weights.bucket_mb}"),
-            (self.weights.rendezvous_timeout_s > 0, "weights.rendezvous_timeout_s must be > 0"),
-            (0 < self.model.gpu_memory_utilization <= 1, "model.gpu_memory_utilization must be in (0, 1]"),
+             f"weights.transport must be {' or '.join(map(repr, TRANSPORTS))}, got {shown(self.weights.transport)}"),
             (engine is None or not engine.claims_gpu_memory or not 0 < self.ray.rollout_gpus < 1
              or self.model.gpu_memory_utilization <= self.ray.rollout_gpus,
              f"model.gpu_memory_utilization={self.model.gpu_memory_utilization} is more than each rollout actor's "
@@ -431,6 +430,9 @@ class ZipRLConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        missing = _missing_cuda(self.model.device, self.ray.address)
+        if missing:
+            raise ConfigError(missing)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -449,16 +451,190 @@ MIN_RESPONSE_CHARS = 64  # env.max_response_chars floor: a compress block plus o
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
-    """(dotted name, value) of every float-valued field, nested sections included."""
+DEVICE_RE = r"auto|cpu|cuda(:[0-9]{1,3})?"  # model.device
+INT_MAX = 2**31 - 1  # a C int: the bound of every integer field without its own (FAISS, torch and Ray take C ints)
+SEED_MAX = 2**32 - 1  # numpy's seed bound; seed x 1_000_003 + n stays within torch's 64-bit generator seeds
+RAY_UNIT = 0.0001  # Ray's smallest fraction of a resource
+MAX_TIMEOUT_S = 1e6  # seconds (11.6 days); Ray's and torch.distributed's timers overflow on far longer ones
+MAX_THREADS = 1024
+MIN_TEMPERATURE = 0.001  # below it (and above 0) the scaled logits overflow float32
+
+
+class Range(typing.NamedTuple):
+    """The values a numeric field allows: ``lo`` to ``hi`` (None: INT_MAX for an integer, unbounded for a float),
+    ``lo`` itself excluded when ``above``, and 0 as well when ``or_zero``; ``note`` says what special values mean."""
+
+    lo: float
+    hi: float | None = None
+    above: bool = False
+    or_zero: bool = False
+    note: str = ""
+
+
+POSITIVE = Range(0, above=True)
+AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
+RAY_GPUS = Range(RAY_UNIT, or_zero=True, note="a fraction shares a GPU; Ray's smallest unit is 0.0001")
+RAY_CPUS = Range(RAY_UNIT, note="Ray's smallest unit is 0.0001")
+TIMEOUT = Range(0, MAX_TIMEOUT_S, above=True, note="seconds")
+SEED = Range(0, SEED_MAX)
+RANGES = {  # every numeric config field (tests/test_config_ranges.py holds each to it): the values it allows
+    "env.scoring.w_ratio": AT_LEAST_0, "env.scoring.w_level": AT_LEAST_0, "env.scoring.w_info": AT_LEAST_0,
+    "env.scoring.w_sem": AT_LEAST_0, "env.scoring.level_scale": POSITIVE,
+    "env.uniform_level": Range(1, 5), "env.window_size": AT_LEAST_1, "env.top_k": AT_LEAST_1,
+    "env.max_turns": AT_LEAST_1, "env.open_max_chars": AT_LEAST_1,
+    "env.max_response_chars": Range(MIN_RESPONSE_CHARS, note="room for a compress block and an action"),
+    "env.memory_max_chars": Range(0, note="0 = no bound, null = the default budget"),
+    "env.retrieval_noise": Range(0, 1),
+    "retriever.batch_size": AT_LEAST_1, "retriever.snippet_chars": AT_LEAST_1, "retriever.shards": AT_LEAST_1,
+    "retriever.chunk_size": AT_LEAST_1, "retriever.train_size": AT_LEAST_1,
+    "retriever.nprobe": Range(0, note="0 = FAISS's default"), "retriever.ef_search": Range(0, note="0 = FAISS's default"),
+    "retriever.k_factor": Range(0, note="0 = FAISS's default"),
+    "model.gpu_memory_utilization": Range(0, 1, above=True),
+    "model.num_threads": Range(0, MAX_THREADS, note="0 = torch's default"),
+    "sampling.temperature": Range(MIN_TEMPERATURE, or_zero=True, note="0 = greedy"),
+    "sampling.top_p": Range(0, 1, above=True), "sampling.max_new_tokens": AT_LEAST_1,
+    "data.limit": Range(1, note="null = every question"), "data.seed": SEED, "data.max_question_chars": AT_LEAST_1,
+    "rollout.group_size": AT_LEAST_1, "rollout.batch_questions": AT_LEAST_1,
+    "rollout.max_sample_rounds": Range(0, note="0 = no limit"),
+    "learner.lr": POSITIVE, "learner.weight_decay": AT_LEAST_0, "learner.warmup_steps": AT_LEAST_0,
+    "learner.global_batch_questions": AT_LEAST_1, "learner.micro_batch_turns": AT_LEAST_1,
+    "learner.micro_batch_tokens": Range(0, note="0 = micro_batch_turns turns a pass"),
+    "learner.clip_eps": POSITIVE, "learner.beta": AT_LEAST_0, "learner.hrr_weight": AT_LEAST_0,
+    "learner.adv_eps": POSITIVE, "learner.max_grad_norm": Range(0, note="0 = no clipping"),
+    "learner.zero_stage": Range(0, 3),
+    "learner.tis_cap": Range(1, note="a cap below 1 down-weights on-policy tokens"),
+    "learner.steps": AT_LEAST_1, "learner.seed": SEED,
+    "sft.lr": POSITIVE, "sft.epochs": AT_LEAST_1, "sft.micro_batch": AT_LEAST_1, "sft.max_seq_len": Range(2),
+    "demos.limit": Range(0, note="0 = every question"),
+    "ray.num_rollout_actors": AT_LEAST_1, "ray.rollout_actor_cpus": RAY_CPUS, "ray.learner_ranks": AT_LEAST_1,
+    "ray.learner_cpus": RAY_CPUS, "ray.learner_gpus": RAY_GPUS, "ray.rollout_gpus": RAY_GPUS,
+    "ray.retriever_replicas": AT_LEAST_1, "ray.retriever_cpus": RAY_CPUS, "ray.retriever_max_batch": AT_LEAST_1,
+    "ray.retriever_max_queued": AT_LEAST_1, "ray.retriever_timeout_s": TIMEOUT,
+    "ray.max_staleness": Range(0, note="0 = on-policy"), "ray.http_port": Range(1, 65535, note="null = no HTTP route"),
+    "weights.bucket_mb": POSITIVE, "weights.rendezvous_timeout_s": TIMEOUT,
+    "run.checkpoint_every": AT_LEAST_1, "run.keep_checkpoints": Range(0, note="0 keeps all"),
+}
+PATH_FIELDS = (  # string fields that hold a path (data.dataset and demos.datasets: a set's name or a path)
+    "retriever.index_dir", "retriever.corpus", "retriever.encoder", "retriever.embeddings", "model.path",
+    "model.cache_dir", "data.dataset", "data.shared_dir", "demos.datasets", "demos.out", "run.out_dir",
+    "run.sft_checkpoint",
+)
+
+
+def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, int | float]]:
+    """(dotted name, value) of every int- or float-valued field (not booleans), nested sections included."""
     out = []
     for f in dataclasses.fields(obj):
         value, where = getattr(obj, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            out += _float_fields(value, where + ".")
-        elif isinstance(value, float):
+            out += _numbers(value, where + ".")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
             out.append((where, value))
     return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def check_range(where: str, value: int | float) -> None:
+    """ConfigError naming field ``where``, ``value`` and the range of :data:`RANGES` when it is outside it (or not
+    finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value}")
+    r = RANGES[where]
+    hi = r.hi if r.hi is not None else INT_MAX if isinstance(value, int) else math.inf
+    if (value > r.lo if r.above else value >= r.lo) and value <= hi or (r.or_zero and value == 0):
+        return
+    if r.hi is None and value <= hi:  # only the lower bound is the user's concern
+        allowed = f"{'>' if r.above else '>='} {_num(r.lo)}"
+    elif isinstance(value, int):
+        allowed = f"in {_num(r.lo)}..{_num(hi)}"
+    else:
+        allowed = f"in {'(' if r.above else '['}{_num(r.lo)}, {_num(hi)}]"
+    zero, note = "0 or " if r.or_zero else "", f" ({r.note})" if r.note else ""
+    raise ConfigError(f"{where} must be {zero}{allowed}{note}, got {value}")
+
+
+@functools.cache
+def _nullable(dotted: str) -> bool:
+    """Whether field ``dotted`` of ZipRLConfig may be null."""
+    cls = ZipRLConfig
+    *sections, name = dotted.split(".")
+    for section in sections:
+        cls = typing.get_type_hints(cls)[section]
+    return type(None) in typing.get_args(typing.get_type_hints(cls)[name])
+
+
+def _check_paths(cfg: ZipRLConfig) -> None:
+    """ConfigError for a path field (:data:`PATH_FIELDS`) that is empty, holds a NUL byte, or is spelled as null
+    where a path is required (instead of a folder named 'None' or the current directory)."""
+    for where in PATH_FIELDS:
+        value, optional = functools.reduce(getattr, where.split("."), cfg), _nullable(where)
+        for path in value if isinstance(value, list) else [] if value is None else [value]:
+            if not path.strip():
+                raise ConfigError(f"{where} is empty; give a path{' or null (the default)' if optional else ''}")
+            if "\0" in path:
+                raise ConfigError(f"{where} {shown(path)} holds a NUL byte (\\0) at position {path.index(chr(0))}; "
+                                  "remove it from the path")
+            if not optional and path.strip().lower() in ("none", "null"):
+                raise ConfigError(f"{where} is {path!r}, which reads as null, but {where} must be a path; write "
+                                  f"./{path} for a folder of that name")
+
+
+def _torch_cuda_build() -> bool | None:
+    """Whether the installed torch is built for CUDA, read from its version.py (the config never imports torch);
+    None when torch is missing or unreadable, or built for ROCm (whose "cuda" devices are AMD's)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = Path(next(iter(spec.submodule_search_locations)), "version.py").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    built = {k: re.search(rf"^{k}\b[^=\n]*=\s*['\"]", text, re.M) is not None for k in ("cuda", "hip")}
+    return None if built["hip"] else built["cuda"]
+
+
+def _nvidia_gpus() -> int:
+    """The NVIDIA GPUs this process may use: counted by the driver's NVML library (which, unlike initialising CUDA,
+    leaves a later fork able to use the GPU), narrowed by CUDA_VISIBLE_DEVICES as CUDA reads it; 0 without a driver."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return 0
+    finally:
+        nvml.nvmlShutdown()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count.value
+    ids = list(itertools.takewhile(lambda d: d and not d.startswith("-"), (d.strip() for d in visible.split(","))))
+    return min(len(ids), count.value)
+
+
+def _missing_cuda(device: str, address: str | None) -> str:
+    """Why ``model.device`` cannot run here ('' when it can or that cannot be told): a CUDA device that the installed
+    torch cannot use. Not checked without torch, off Linux, nor when joining a cluster (``ray.address``: its
+    workers' GPUs are theirs)."""
+    if not device.startswith("cuda") or address is not None or sys.platform != "linux":
+        return ""
+    cuda_build = _torch_cuda_build()
+    if cuda_build is None:
+        return ""
+    fix = "set model.device=auto (CUDA when available) or cpu"
+    if not cuda_build:
+        return f"model.device={device} asks for CUDA and the installed torch is built without it; {fix}"
+    count, index = _nvidia_gpus(), int(device.partition(":")[2] or 0)
+    if index < count:
+        return ""
+    have = "none" if count == 0 else f"{count} (cuda:0{f'..cuda:{count - 1}' if count > 1 else ''})"
+    return f"model.device={device} asks for a CUDA device and this machine has {have} that torch may use; {fix}"
 
 
 def check_top_k(env: EnvConfig, passages: int) -> None:
@@ -472,7 +648,7 @@ def _kind(value: Any) -> str:
     """How an error names a value of the wrong type: the kind for containers, the value itself for scalars."""
     if isinstance(value, dict):
         return "a mapping"
-    return "a list" if isinstance(value, list) else repr(value)
+    return "a list" if isinstance(value, list) else "null" if value is None else shown(value)
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -497,6 +673,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {_kind(value)}")
         return [_coerce(v, item, where) for v in value]
+    if value is None and tp in (bool, int, float, str):
+        raise ConfigError(f"{where}: expected {'a path' if where in PATH_FIELDS else tp.__name__}, got null")
     try:
         if isinstance(value, (list, dict)) and tp in (bool, int, float, str):
             raise ValueError(value)
@@ -546,7 +724,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(map(str, set(data) - names))
     if unknown:
-        raise ConfigError(f"unknown config key(s) {unknown} in {where or 'top level'}; {_did_you_mean(unknown, names)}"
+        raise ConfigError(f"unknown config key(s) [{', '.join(map(shown, unknown))}] in {where or 'top level'}; "
+                          f"{_did_you_mean(unknown, names)}"
                           f"known: {sorted(names)}" + _removed(unknown, where))
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}".lstrip(".")) for k, v in data.items()}
     return cls(**kwargs)
@@ -565,7 +744,8 @@ class _NotPlainData(Exception):
 @functools.cache
 def _plain_loader() -> type:
     """A SafeLoader that builds plain data only: the tags of PLAIN_TAGS (dates, ``=`` and ``<<`` stay strings),
-    no anchors or aliases (so no alias bomb can expand), nesting at most MAX_DEPTH levels."""
+    no anchors or aliases (so no alias bomb can expand), nesting at most MAX_DEPTH levels, no key given twice in a
+    mapping (PyYAML would keep the last silently)."""
     import yaml
 
     def refuse(loader: Any, node: Any) -> Any:
@@ -595,6 +775,18 @@ def _plain_loader() -> type:
             finally:
                 self.depth -= 1
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            first: dict[Any, int] = {}  # key -> the line it is first given on
+            for key_node, _ in node.value:
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                if not isinstance(key, Hashable):
+                    continue  # SafeLoader refuses it
+                if key in first:
+                    raise _NotPlainData(f"line {line}: key {shown(key)} is given twice (first on line {first[key]}); "
+                                        "keep one")
+                first[key] = line
+            return super().construct_mapping(node, deep)
+
     return PlainLoader
 
 
@@ -612,10 +804,15 @@ def yaml_value(text: str, where: str) -> Any:
     """Parse YAML text (a config file or a ``--set`` value) into plain data; ConfigError prefixed by ``where``."""
     import yaml
 
+    if "\0" in text:  # YAML allows no NUL, and a path holding one could never be opened
+        raise ConfigError(f"{where}: holds a NUL byte (\\0) at position {text.index(chr(0))}; remove it")
     try:
         return yaml.load(text, Loader=_plain_loader())  # noqa: S506 (the loader builds plain data only)
     except _NotPlainData as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    except ValueError:  # the one a plain loader raises: an integer too long for int()
+        raise ConfigError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits; write a smaller one, "
+                          "or quote it for text") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({_yaml_problem(exc)}); check its brackets and quotes (quote a "
                           "string holding ': ', '#', '[' or '{')") from None
@@ -624,23 +821,23 @@ def yaml_value(text: str, where: str) -> Any:
 def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
     """Apply one ``section.field=value`` override in place."""
     if "=" not in dotted:
-        raise ConfigError(f"override {dotted!r} must look like section.field=value")
+        raise ConfigError(f"override {shown(dotted)} must look like section.field=value")
     key, raw = dotted.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {dotted!r}: name a field as section.field=value, e.g. env.max_turns=6")
+        raise ConfigError(f"override {shown(dotted)}: name a field as section.field=value, e.g. env.max_turns=6")
     obj: Any = cfg
     parts = key.split(".")
     for p in parts[:-1]:
         if not hasattr(obj, p) or not dataclasses.is_dataclass(getattr(obj, p)):
             sections = [f.name for f in dataclasses.fields(obj) if dataclasses.is_dataclass(getattr(obj, f.name))]
-            raise ConfigError(f"override {key!r}: no config section {p!r}; {_did_you_mean([p], sections)}"
+            raise ConfigError(f"override {shown(key)}: no config section {shown(p)}; {_did_you_mean([p], sections)}"
                               f"sections: {sections}")
         obj = getattr(obj, p)
     name = parts[-1]
     hints = typing.get_type_hints(type(obj))
     if name not in hints:
-        raise ConfigError(f"override {key!r}: {type(obj).__name__} has no field {name!r}; "
+        raise ConfigError(f"override {shown(key)}: {type(obj).__name__} has no field {shown(name)}; "
                           f"{_did_you_mean([name], hints)}known: {sorted(hints)}" + _removed([name], ".".join(parts[:-1])))
     setattr(obj, name, _coerce(yaml_value(raw, key) if raw else raw, hints[name], key))
 
@@ -648,6 +845,8 @@ def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
 def _read_config(p: Path) -> dict[str, Any]:
     """The sections of a YAML config file, as plain data; ConfigError naming the file and the fix."""
     where = f"config file {p}"
+    if "\0" in str(p):
+        raise ConfigError(f"config file path {shown(str(p))} holds a NUL byte (\\0); remove it")
     if p.is_dir():
         raise ConfigError(f"{where} is a directory; pass a YAML file, e.g. configs/laptop.yaml")
     if not p.exists():
@@ -671,7 +870,7 @@ def _read_config(p: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         kind = {list: "a list", int: "an int"}.get(type(data), f"a {type(data).__name__}")
         raise ConfigError(f"{where} holds {kind}, not a mapping of sections; write it as 'section:' lines, e.g. "
-                          "'env:' then '  max_turns: 6'")
+                          "'env:' then 'max_turns: 6' indented under it")
     return data
 
 
@@ -719,7 +918,8 @@ def describe(cfg: ZipRLConfig | None = None) -> str:
     return "\n".join(section(cfg, 0)).lstrip("\n") + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+@run_command
+def main(argv: list[str]) -> int:
     """``python -m ziprl.config --show [--config FILE.yaml] [--set section.field=value ...]``."""
     import argparse
 
@@ -728,11 +928,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
-    try:
-        print(describe(load_config(args.config, args.set)), end="")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    print(describe(load_config(args.config, args.set)), end="")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 import warnings
@@ -112,3 +113,21 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file ("does not exist", "is a directory", "is a FIFO (named pipe)", ...),
+    or None for a regular file (a link to one included). Only ``stat`` is called: opening a FIFO blocks."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        return f"cannot be read ({exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return f"is {next((kind for test, kind in kinds if test(mode)), 'a special file')}, not a regular file"

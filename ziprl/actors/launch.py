@@ -28,7 +28,7 @@ from ziprl.learner.checkpoint import resumed_learner
 from ziprl.learner.sft import stage1_dir
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
-from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+from ziprl.retrieval.datasets import load_questions, retriever_config_for
 from ziprl.rundir import write_config
 from ziprl.tb import MetricsLogger
 
@@ -107,7 +107,7 @@ def local_core_share(cfg: ZipRLConfig) -> float | None:
 
 def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     """Start or join Ray, run Stage 1 if needed, then Stage 2; returns the last step's metrics."""
-    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    examples = load_questions(cfg.data)
     out = Path(cfg.run.out_dir)
     write_config(out, cfg.to_dict())
     init_ray(cfg.ray)

@@ -1,5 +1,5 @@
 """What several commands share: config overrides from flags, the arguments of a training run, and the check of
-its inputs that comes before its run directory is touched."""
+its inputs (an evaluation's too) that comes before its output directory is touched."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def command_line(prog: str, argv: list[str]) -> str:
 
 
 def check_inputs(cfg: ZipRLConfig) -> None:
-    """Raise on a bad input of a training run before anything is written or deleted (seconds, no model loads).
+    """Raise on a bad input of a run (train, launch) or an evaluation before anything is written or deleted
+    (seconds, no model loads).
 
     Model and SFT checkpoint directories are checked, not loaded; the dataset's questions are loaded with the
     loader's own validation; an explicit corpus is read up to its first passage; index, encoder and
@@ -49,11 +50,11 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     from ziprl.policy.models import check_model_paths
     from ziprl.registry import DATASETS
     from ziprl.retrieval.corpus import CorpusError, iter_corpus
-    from ziprl.retrieval.datasets import corpus_for, load_dataset
+    from ziprl.retrieval.datasets import corpus_for, load_questions
     from ziprl.retrieval.index_files import RetrieverError
 
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
-    load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    load_questions(cfg.data)
     r = cfg.retriever
     corpus = r.corpus
     if corpus is None and r.index_dir is None and cfg.data.dataset not in DATASETS:

@@ -1,31 +1,23 @@
 """Cold-start demonstrations: the scripted teacher plays episodes through the real retriever.
 
-    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 100] [--out runs/demos.parquet]
+    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 100] [--out runs/demos.parquet] [--overwrite]
                           [--config FILE.yaml] [--set section.field=value ...]
 
 Only correct, well-formed trajectories are kept; the Parquet file holds one row per transition for
-transition-level SFT (``python -m ziprl.sft``). See :mod:`ziprl.env.demos`.
+transition-level SFT (``python -m ziprl.sft``). See :mod:`ziprl.env.demos`. An existing ``--out`` is replaced
+only with ``--overwrite``, and only when it is a demos file ZipRL wrote (see :mod:`ziprl.outputs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ziprl.boundary import run_command
 from ziprl.cli.common import overrides
-from ziprl.config import ConfigError, load_config
-from ziprl.env.demos import build_demos
-
-
-def check_out_file(out: Path) -> None:
-    """ConfigError when ``demos.out`` is a directory or lies under a file (found before any episode is played)."""
-    if out.is_dir():
-        raise ConfigError(f"demos.out {out} is a directory; pass a file path for --out, e.g. {out / 'demos.parquet'}")
-    for p in out.parents:
-        if p.exists() and not p.is_dir():
-            raise ConfigError(f"demos.out {out}: {p} is a file, not a directory; choose another --out")
+from ziprl.config import load_config
+from ziprl.env.demos import build_demos, demo_examples, is_demos_file
+from ziprl.outputs import check_file
 
 
 @run_command
@@ -35,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", help="comma-separated dataset names (sample, hotpotqa, musique, pooled, a path)")
     ap.add_argument("--limit", type=int, help="questions per dataset (0 = all)")
     ap.add_argument("--out")
+    ap.add_argument("--overwrite", action="store_true", help="replace --out when it is a demos file ZipRL wrote")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
     flags = {"demos.datasets": args.datasets, "demos.limit": args.limit, "demos.out": args.out}
     cfg = load_config(args.config, overrides(flags, args.set))
-    check_out_file(Path(cfg.demos.out))
-    path, counts = build_demos(cfg)
+    cfg.demos.out = str(check_file(cfg.demos.out, args.overwrite, is_demos_file, "a demos file ziprl.demos wrote",
+                                   "demos.parquet"))  # normalised, checked before any episode is played
+    examples = demo_examples(cfg)
+    path, counts = build_demos(cfg, examples=examples)
     print(f"[demos] kept {counts['kept']}/{counts['episodes']} episodes ({counts['wrong']} wrong, "
           f"{counts['malformed']} malformed, {counts['no_supporting_titles']} without supporting titles); "
           f"{counts['transitions']} transitions -> {path}")

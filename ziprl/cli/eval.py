@@ -2,11 +2,12 @@
 
     python -m ziprl.eval [--dataset sample|pooled|hotpotqa|musique|squad|PATH] [--strategy adaptive,react,...]
                          [--model PATH] [--max-turns 20] [--top-k 5] [--limit 20] [--samples 1] [--seed 0]
-                         [--out runs/eval] [--noise 0,0.25,0.5,0.75,1.0] [--config FILE.yaml]
+                         [--out runs/eval] [--overwrite] [--noise 0,0.25,0.5,0.75,1.0] [--config FILE.yaml]
                          [--set section.field=value ...]
 
 Writes ``report.json``, ``report.md``, ``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file
-per strategy under ``--out``. With ``--noise`` it runs the noisy-retrieval sweep instead (see
+per strategy under ``--out``: a new directory, or one an earlier eval wrote, which ``--overwrite`` replaces (see
+:mod:`ziprl.outputs`). With ``--noise`` it runs the noisy-retrieval sweep instead (see
 :mod:`ziprl.evaluation.noise`); the library is :mod:`ziprl.evaluation`.
 """
 
@@ -14,22 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ziprl.boundary import run_command
-from ziprl.cli.common import overrides
+from ziprl.cli.common import check_inputs, command_line, overrides
 from ziprl.config import STRATEGIES, ConfigError, load_config
-from ziprl.evaluation.harness import evaluate
+from ziprl.evaluation.harness import evaluate, is_eval_entry
 from ziprl.evaluation.noise import noise_sweep, parse_noise_levels
-from ziprl.policy.models import check_model_paths
-
-
-def check_out_dir(out: Path) -> None:
-    """ConfigError when ``--out`` or a directory above it is an existing file (eval writes a directory there)."""
-    for p in (out, *out.parents):
-        if p.exists() and not p.is_dir():
-            raise ConfigError(f"{p} is a file; eval writes a directory of reports: pass a directory for --out (new "
-                              "or existing), e.g. --out runs/eval")
+from ziprl.outputs import claim_dir, plan_dir
 
 
 @run_command
@@ -46,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--out", default="runs/eval")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the reports in --out (only a directory an earlier eval marked as its own)")
     ap.add_argument("--noise", help="comma-separated retrieval-noise levels, e.g. 0,0.25,0.5,0.75,1.0: run the sweep")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
@@ -57,15 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise ConfigError(f"unknown strategy {bad}; choose from {STRATEGIES} or 'all'")
     cfg = load_config(args.config, overrides(flags, args.set))
-    check_out_dir(Path(args.out))
+    plan = plan_dir(args.out, "eval", args.overwrite, is_eval_entry)
     levels = parse_noise_levels(args.noise) if args.noise is not None else None
-    check_model_paths(cfg.model.path)
-    if levels is not None:
-        noise_sweep(cfg, strategies, levels, Path(args.out))
-        print(f"[eval] noise sweep: {Path(args.out) / 'noise.md'}")
-        return 0
-    evaluate(cfg, strategies, Path(args.out))
-    print(f"[eval] report: {Path(args.out) / 'report.md'}")
+    check_inputs(cfg)  # model, dataset, corpus, index: every input before the first write
+    with claim_dir(plan, command_line("ziprl.eval", argv or [])) as out:
+        if levels is not None:
+            noise_sweep(cfg, strategies, levels, out)
+            print(f"[eval] noise sweep: {out / 'noise.md'}")
+        else:
+            evaluate(cfg, strategies, out)
+            print(f"[eval] report: {out / 'report.md'}")
     return 0
 
 

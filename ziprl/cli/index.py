@@ -1,14 +1,17 @@
 """Build, adopt and query retrieval indexes from the command line.
 
-    python -m ziprl.index build --corpus FILE.jsonl --out DIR [--encoder PATH] [--query-prefix P]
+    python -m ziprl.index build --corpus FILE.jsonl --out DIR [--overwrite] [--encoder PATH] [--query-prefix P]
                                 [--passage-prefix P] [--index flat|hnsw|FACTORY] [--shards N]
                                 [--chunk-size N] [--train-size N] [--embeddings FILE.npy|FILE.parquet] [--store-vectors]
                                 [--batch-size N]
-    python -m ziprl.index adopt --faiss FILE.faiss --corpus FILE.jsonl --out DIR [--encoder PATH] [...prefixes]
+    python -m ziprl.index adopt --faiss FILE.faiss --corpus FILE.jsonl --out DIR [--overwrite] [--encoder PATH]
+                                [...prefixes]
     python -m ziprl.index search --index DIR "query" [-k 5] [--nprobe N] [--ef-search N] [--k-factor N]
     python -m ziprl.index open --index DIR DOC_ID
 
-A build that is interrupted resumes from its last checkpoint when the same command is run again.
+A build that is interrupted resumes from its last checkpoint when the same command is run again. ``DIR`` is new,
+or an index ZipRL marked as its own: reused when its inputs and settings are the same, replaced only with
+``--overwrite`` (see :mod:`ziprl.outputs`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from ziprl.retrieval.retriever import Encoder, Retriever, adopt_index, build_ind
 DEFAULTS = RetrieverConfig()
 
 
+def _out_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="index directory to write")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the index in --out when it was built from other inputs or settings (only an index "
+                        "directory ZipRL marked as its own)")
+
+
 def _encoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder", default=None, help="local sentence-transformers model dir (default all-MiniLM-L6-v2)")
     p.add_argument("--query-prefix", default="", help='e.g. "query: " for E5')
@@ -37,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="index a JSONL corpus (reused when unchanged, resumed when interrupted)")
     b.add_argument("--corpus", required=True, help="JSONL(.gz) corpus: one {id, title, text[, url]} per line")
-    b.add_argument("--out", required=True, help="index directory to write")
+    _out_args(b)
     _encoder_args(b)
     b.add_argument("--index", default=DEFAULTS.index_type, metavar="TYPE",
                    help='flat, hnsw or a FAISS factory string, e.g. "IVF4096,PQ64,RFlat" (IVF-PQ + exact re-rank)')
@@ -51,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("adopt", help="wrap a prebuilt FAISS index (one vector per corpus row, in order)")
     a.add_argument("--faiss", required=True, help="FAISS index file")
     a.add_argument("--corpus", required=True, help="the JSONL(.gz) corpus its rows are")
-    a.add_argument("--out", required=True, help="index directory to write")
+    _out_args(a)
     _encoder_args(a)
     s = sub.add_parser("search", help="print the top-k passages for a query")
     s.add_argument("--index", required=True, help="index directory")
@@ -75,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             out = build_index(args.corpus, args.out, encoder, args.index, args.batch_size, not args.no_progress,
                               shards=args.shards, chunk_size=args.chunk_size, train_size=args.train_size,
-                              embeddings=args.embeddings, store_vectors=args.store_vectors)
+                              embeddings=args.embeddings, store_vectors=args.store_vectors, overwrite=args.overwrite,
+                              wait=False)
         else:
-            out = adopt_index(args.faiss, args.corpus, args.out, encoder, not args.no_progress)
+            out = adopt_index(args.faiss, args.corpus, args.out, encoder, not args.no_progress, args.overwrite)
         print(out)
     elif args.command == "search":
         r = Retriever.load(args.index, nprobe=args.nprobe, ef_search=args.ef_search, k_factor=args.k_factor)

@@ -19,7 +19,7 @@ import sys
 from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
-from ziprl.rundir import apply_run_dir, plan_run_dir
+from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
 @run_command
@@ -32,11 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"ray.num_rollout_actors": args.num_rollout_actors, "ray.address": args.address} | run_flags(args)
     cfg = load_config(args.config, overrides(flags, args.set))
     plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg)
-    apply_run_dir(plan, command_line("ziprl.launch", argv or []))  # the first write or delete, once every input is good
-    from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
+    with claim_run_dir(plan, command_line("ziprl.launch", argv or [])):  # the first write, once every input is good
+        from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
-    launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
+        launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
     return 0
 
 

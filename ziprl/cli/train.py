@@ -18,7 +18,7 @@ from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
 from ziprl.loop.in_process import train
-from ziprl.rundir import apply_run_dir, plan_run_dir
+from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
 @run_command
@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = load_config(args.config, overrides(run_flags(args), args.set))
     plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg)
-    apply_run_dir(plan, command_line("ziprl.train", argv or []))  # the first write or delete, once every input is good
-    last = train(cfg)
+    with claim_run_dir(plan, command_line("ziprl.train", argv or [])):  # the first write, once every input is good
+        last = train(cfg)
     print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})
     return 0
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ziprl.config import ZipRLConfig
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
+from ziprl.outputs import check_file
 from ziprl.paths import atomic_path
 from ziprl.retrieval.datasets import load_dataset, retriever_config_for
 from ziprl.retrieval.types import QAExample, RetrieverLike
@@ -26,6 +27,7 @@ from ziprl.retrieval.types import QAExample, RetrieverLike
 SCHEMA = pa.schema([("question_id", pa.string()), ("source", pa.string()), ("turn", pa.int32()),
                     ("messages", pa.string()), ("response", pa.string()), ("action", pa.string()),
                     ("level", pa.int8()), ("q_com", pa.float64())])
+GENERATOR_KEY, GENERATOR = b"ziprl.generator", b"ziprl.demos"  # Parquet schema metadata: who wrote the file
 
 
 def synthesize(cfg: ZipRLConfig, examples: list[QAExample], retriever: RetrieverLike,
@@ -60,23 +62,41 @@ def synthesize(cfg: ZipRLConfig, examples: list[QAExample], retriever: Retriever
     return rows, counts
 
 
+def is_demos_file(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file :func:`write_demos` wrote (its schema metadata says so)."""
+    try:
+        return (pq.read_schema(path).metadata or {}).get(GENERATOR_KEY) == GENERATOR
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def write_demos(rows: list[dict], path: str | Path) -> Path:
-    path = Path(path)
+    """Write the transitions to ``path`` atomically; refused (OutputError) over a file that is not a demos file."""
+    path = check_file(path, True, is_demos_file, "a demos file ziprl.demos wrote", "demos.parquet")
     with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA.with_metadata({GENERATOR_KEY: GENERATOR})), tmp)
     return path
 
 
-def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progress: bool = True) -> tuple[Path, dict]:
-    """Synthesize demonstrations for ``cfg.demos.datasets`` and write them to ``cfg.demos.out``."""
-    from ziprl.retrieval.retriever import Retriever
-
+def demo_examples(cfg: ZipRLConfig) -> list[QAExample]:
+    """The questions the teacher plays: each of ``cfg.demos.datasets``, loaded and checked (DatasetError on bad
+    input, before any episode is played)."""
     examples: list[QAExample] = []
     for name in cfg.demos.datasets:
-        found = load_dataset(name, cfg.data.shared_dir)
+        found = load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars)
         if cfg.demos.limit:  # the first `limit` questions of each dataset that the teacher can play
             found = [ex for ex in found if ex.supporting_titles][: cfg.demos.limit]
         examples += found
+    return examples
+
+
+def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progress: bool = True,
+                examples: list[QAExample] | None = None) -> tuple[Path, dict]:
+    """Synthesize demonstrations for ``examples`` (default: :func:`demo_examples`) and write them to
+    ``cfg.demos.out``."""
+    from ziprl.retrieval.retriever import Retriever
+
+    examples = demo_examples(cfg) if examples is None else examples
     if retriever is None:
         first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
         retriever = Retriever.from_config(retriever_config_for(first))

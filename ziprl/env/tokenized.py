@@ -180,10 +180,9 @@ def make_tokenized_env(config: dict[str, Any] | None = None) -> TokenizedSearchC
         raise ValueError(f"unknown tokenized-env config key(s) {sorted(unknown)}; known: {list(CONFIG_KEYS)}")
     examples = None
     if config.get("data") is not None:
-        from ziprl.retrieval.datasets import load_dataset
+        from ziprl.retrieval.datasets import load_questions
 
-        d = from_dict(DataConfig, config["data"], "data")
-        examples = load_dataset(d.dataset, d.shared_dir, d.limit, d.seed)
+        examples = load_questions(from_dict(DataConfig, config["data"], "data"))
     env = SearchCompressEnv(config=config.get("env"), retriever_config=config.get("retriever"), examples=examples)
     n = int(config.get("num_candidates", 8))
     return TokenizedSearchCompressEnv(

@@ -14,12 +14,17 @@ from typing import Any
 from ziprl.config import ZipRLConfig, check_top_k
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.outputs import entries, own_dir
 from ziprl.paths import atomic_write_json, atomic_write_text
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
 
 COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searches/q"), ("opens", "opens/q"),
            ("finish_rate", "finish rate"), ("format_error_rate", "format errors/turn"),
            ("prompt_tokens_per_turn", "prompt tok/turn"), ("tokens_per_trajectory", "tok/trajectory"), ("q_com", "Q_com")]
+REPORT_FILES = ("report.json", "report.md", "tokens_per_turn.png", "levels.png")
+# what an eval directory holds: the report, the noise sweep's (ziprl.evaluation.noise), their trajectories
+is_eval_entry = entries(r"report\.(?:json|md)|tokens_per_turn\.png|levels\.png|trajectories_\w+\.parquet",
+                        r"noise\.(?:json|md|png)|noise_[0-9.e+-]+")
 
 
 def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
@@ -34,10 +39,10 @@ def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
 def load_eval_setup(cfg: ZipRLConfig) -> tuple[list, Any, Any]:
     """The questions, retriever and generation engine an evaluation runs with."""
     from ziprl.policy import make_engine
-    from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+    from ziprl.retrieval.datasets import load_questions, retriever_config_for
     from ziprl.retrieval.retriever import Retriever
 
-    examples = load_dataset(cfg.data.dataset, cfg.data.shared_dir, limit=cfg.data.limit, seed=cfg.data.seed)
+    examples = load_questions(cfg.data)
     retriever = Retriever.from_config(retriever_config_for(cfg))
     check_top_k(cfg.env, len(retriever))
     return examples, retriever, make_engine(cfg.model)
@@ -63,7 +68,7 @@ def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool 
     """Roll out every strategy on the same questions; write report, plots and trajectories."""
     setup = load_eval_setup(cfg)
     examples = setup[0]
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out, "eval", [*REPORT_FILES, *(f"trajectories_{s}.parquet" for s in strategies)])
     rows: dict[str, dict[str, float]] = {}
     all_trajs: dict[str, list[Trajectory]] = {}
     for strategy in strategies:

@@ -14,6 +14,7 @@ from pathlib import Path
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, save_trajectories
 from ziprl.evaluation.harness import load_eval_setup, run_strategy
+from ziprl.outputs import own_dir
 from ziprl.paths import atomic_write_json, atomic_write_text
 
 CURVE = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tok/trajectory"),
@@ -81,7 +82,7 @@ def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], ou
                 progress: bool = True) -> dict[str, dict[str, dict[str, float]]]:
     """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories."""
     setup = load_eval_setup(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out, "eval", ["noise.json", "noise.md", "noise.png", *(f"noise_{p:g}" for p in levels)])
     rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}
     for strategy in strategies:  # a whole curve per strategy first: an interrupted sweep leaves full curves
         for p in levels:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 
@@ -13,6 +14,20 @@ from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.policy.engine import GenerationEngine
 from ziprl.retrieval.types import QAExample
 
+log = logging.getLogger(__name__)
+
+
+def prompt_token_limit(engine: GenerationEngine, sampling: SamplingConfig) -> int | None:
+    """The most prompt tokens a turn may have: the model's context less ``sampling.max_new_tokens`` (None: the
+    engine does not know its context); ConfigError when that leaves no room for a prompt."""
+    if not engine.max_context:
+        return None
+    limit = engine.max_context - sampling.max_new_tokens
+    if limit < 1:
+        raise ConfigError(f"sampling.max_new_tokens={sampling.max_new_tokens} leaves no room for a prompt in the "
+                          f"model's {engine.max_context}-token context; lower sampling.max_new_tokens")
+    return limit
+
 
 def rollout(
     engine: GenerationEngine,
@@ -22,15 +37,17 @@ def rollout(
     group_size: int = 1,
     seed: int = 0,
     max_batch: int = 64,
-    max_prompt_tokens: int | None = None,
     progress: bool = False,
 ) -> list[Trajectory]:
     """Play ``group_size`` episodes per example; returns one flat list, example by example (``group_size``
     consecutive trajectories per example, sharing a ``group_id``; :func:`rollout_groups` splits it into groups).
 
     Every turn, the prompts of all live episodes are generated together (in chunks of ``max_batch``).
-    An episode whose prompt exceeds ``max_prompt_tokens`` ends unfinished (context overflow).
+    An episode whose prompt exceeds :func:`prompt_token_limit` ends unfinished (context overflow; one warning per
+    call counts them), in training and evaluation alike.
     """
+    max_prompt_tokens = prompt_token_limit(engine, sampling)
+    overflowed = 0
     envs, trajs, infos = [], [], []
     tag = uuid.uuid4().hex[:8]
     for qi, ex in enumerate(examples):
@@ -50,6 +67,7 @@ def rollout(
         if max_prompt_tokens is not None:
             for i in [i for i in live if len(prompts[i]) > max_prompt_tokens]:
                 live.remove(i)
+                overflowed += 1
                 bar.update(1)
         for start in range(0, len(live), max_batch):
             chunk = live[start : start + max_batch]
@@ -69,15 +87,14 @@ def rollout(
         bar.update(bar.total - bar.n - len(live))
         step += 1
     bar.close()
+    if overflowed:
+        log.warning("%d of %d episodes ended unfinished: their prompt outgrew the %d tokens the model's context leaves "
+                    "beside sampling.max_new_tokens", overflowed, len(envs), max_prompt_tokens)
     return trajs
 
 
 def rollout_groups(engine: GenerationEngine, make_env: Callable[[], SearchCompressEnv], examples: list[QAExample],
                    sampling: SamplingConfig, group_size: int, seed: int) -> list[list[Trajectory]]:
-    """One GRPO group of ``group_size`` trajectories per example, guarding the engine's context length."""
-    limit = engine.max_context - sampling.max_new_tokens if engine.max_context else None
-    if limit is not None and limit < 1:
-        raise ConfigError(f"sampling.max_new_tokens={sampling.max_new_tokens} leaves no room for a prompt in the "
-                          f"model's {engine.max_context}-token context; lower sampling.max_new_tokens")
-    trajs = rollout(engine, make_env, examples, sampling, group_size=group_size, seed=seed, max_prompt_tokens=limit)
+    """One GRPO group of ``group_size`` trajectories per example."""
+    trajs = rollout(engine, make_env, examples, sampling, group_size=group_size, seed=seed)
     return [trajs[i * group_size:(i + 1) * group_size] for i in range(len(examples))]

@@ -4,6 +4,8 @@ Each line is ``{"id": str, "title": str, "text": str, "url": str (optional)}``. 
 validates the whole file before anything else uses it; every problem raises :class:`CorpusError` naming
 the line and what to fix. :func:`iter_corpus` and :func:`scan_corpus` stream a file of any size (a
 21M-passage wiki-18 dump) with memory bounded by one line plus 16 bytes per passage.
+Passage text may be any Unicode: a lone surrogate (JSON ``"\\ud800"``, not a character) is read as U+FFFD, with
+one warning per file, so that the passage can be encoded, stored and shown.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
+import re
+import shlex
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,10 +25,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ziprl.boundary import UserError
-from ziprl.paths import atomic_write_bytes
+from ziprl.paths import atomic_write_bytes, not_a_file
 from ziprl.retrieval.types import Passage
 
+log = logging.getLogger(__name__)
+
 REQUIRED_FIELDS = ("id", "title", "text")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str from JSON holds one only where the text had a lone "\udXXX"
 
 
 class CorpusError(UserError, ValueError):
@@ -41,14 +49,35 @@ def _read_lines(path: Path) -> Iterator[bytes]:
 
 def _existing(path: str | Path) -> Path:
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise CorpusError(f"corpus file {p} does not exist; pass the path of a .jsonl or .jsonl.gz corpus")
+    problem = not_a_file(p)
+    if problem:
+        raise CorpusError(f"corpus file {p} {problem}; pass the path of a .jsonl or .jsonl.gz corpus")
     return p
 
 
+def json_array_hint(path: Path) -> str:
+    """The message for a JSON array given where JSONL belongs, with the command that converts it."""
+    gz = path.name.endswith(".gz")
+    stem = path.name.removesuffix(".gz").removesuffix(".jsonl").removesuffix(".json")
+    load = 'json.load(gzip.open(sys.argv[1], "rt"))' if gz else "json.load(open(sys.argv[1]))"
+    script = f"import {'gzip, ' if gz else ''}json, sys; [print(json.dumps(r)) for r in {load}]"
+    return (f"{path} is a JSON array, not JSONL (one JSON object per line); convert it with: python -c "
+            f"{shlex.quote(script)} {shlex.quote(str(path))} > {shlex.quote(str(path.with_name(stem + '.lines.jsonl')))}")
+
+
+def _replace_surrogates(rec: dict) -> list[str]:
+    """Replace every lone surrogate of ``rec``'s string values by U+FFFD, in place; the names of those it changed."""
+    fixed = [name for name, value in rec.items() if isinstance(value, str) and LONE_SURROGATE.search(value)]
+    for name in fixed:
+        rec[name] = LONE_SURROGATE.sub("\ufffd", rec[name])
+    return fixed
+
+
 def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
-    """Stream ``(line number, passage)`` from a JSONL(.gz) corpus, validating each line (not id uniqueness)."""
+    """Stream ``(line number, passage)`` from a JSONL(.gz) corpus, validating each line (not id uniqueness); lone
+    surrogates become U+FFFD."""
     p = _existing(path)
+    seen = warned = False  # a passage line was read; lone surrogates were reported
     for n, raw in enumerate(_read_lines(p), start=1):
         try:
             line = raw.decode("utf-8")
@@ -58,12 +87,20 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
             ) from None
         if not line.strip():
             continue
+        if not seen and line.lstrip().startswith("["):
+            raise CorpusError(json_array_hint(p))
+        seen = True
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CorpusError(f"corpus {p} line {n}: malformed JSON ({exc.msg}); each line must be one JSON object") from None
         if not isinstance(rec, dict):
             raise CorpusError(f"corpus {p} line {n}: expected a JSON object with fields {REQUIRED_FIELDS}")
+        fixed = _replace_surrogates(rec)
+        if fixed and not warned:
+            warned = True
+            log.warning("corpus %s line %d: lone surrogates (not characters) in %s are read as U+FFFD (warned once "
+                        "per reading of the file)", p, n, ", ".join(fixed))
         for name in REQUIRED_FIELDS:
             value = rec.get(name)
             if not isinstance(value, str) or not value.strip():

@@ -17,6 +17,9 @@ is ``corpus.jsonl[.gz]`` next to it. Registered:
 The pooled corpus = every paragraph of the HotpotQA and MuSiQue sets above plus the wiki18 sample,
 whitespace-normalised and de-duplicated on (title, text), with stable source-derived ids; it is
 materialised once under ``<cache>/corpora/`` keyed by the source files' hash.
+
+Every question is checked when its dataset loads (:func:`check_question`): one holding a lone surrogate, or
+longer than ``data.max_question_chars``, is refused with its file and line (or dataset) and id, never truncated.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.boundary import UserError
-from ziprl.config import RetrieverConfig, ZipRLConfig
-from ziprl.paths import cache_root
+from ziprl.config import DataConfig, RetrieverConfig, ZipRLConfig
+from ziprl.paths import cache_root, not_a_file
 from ziprl.registry import DATASETS
-from ziprl.retrieval.corpus import write_corpus
+from ziprl.retrieval.corpus import LONE_SURROGATE, json_array_hint, write_corpus
 from ziprl.retrieval.types import Passage, QAExample
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "sample"
 SHARED_ENV = "ZIPRL_SHARED_DATA"
 POOLED_VERSION = "pooled-v1"  # bump when the pooled-corpus construction changes
+MAX_QUESTION_CHARS = DataConfig.max_question_chars  # the default of data.max_question_chars
 
 class DatasetError(UserError, ValueError):
     """A dataset is unknown, missing or malformed; the message says which file and how to fix it."""
@@ -90,35 +94,52 @@ def shared_file(rel: str, shared_dir: SharedDir = None) -> Path:
     when it is missing."""
     root = Path(shared_dir).expanduser() if shared_dir is not None else default_shared_dir()
     path = root / rel
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} is missing; expected {rel} under the shared data dir {root}")
+    problem = not_a_file(path)
+    if problem:
+        raise DatasetError(f"dataset file {path} {problem}; expected the file {rel} under the shared data dir {root}")
     return path
 
 
 # ---------------------------------------------------------------- reading helpers
 
 
-def _read_json(path: Path) -> Any:
-    """A (gzipped) JSON document, or a list of records for JSONL; DatasetError with the line on bad JSON."""
+def _read_text(path: Path) -> str:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise DatasetError(f"dataset file {path} cannot be read as UTF-8 (gzipped) JSON: {exc}") from None
-    if ".jsonl" not in path.name:
+
+
+def _jsonl_rows(path: Path, text: str) -> list[tuple[int, Any]]:
+    """(line number, record) of every non-blank line; DatasetError on bad JSON or a JSON array.
+
+    Lines end at LF only: U+2028, U+0085 and the other line breaks ``str.splitlines`` knows may sit inside a JSON
+    string.
+    """
+    rows: list[tuple[int, Any]] = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        if not rows and line.lstrip().startswith("["):
+            raise DatasetError(json_array_hint(path))
         try:
-            return json.loads(text)
+            rows.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"dataset file {path}: malformed JSON at line {exc.lineno} ({exc.msg})") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"dataset file {path} line {n}: malformed JSON ({exc.msg})") from None
+            raise DatasetError(f"dataset file {path} line {n}: malformed JSON ({exc.msg})") from None
     return rows
+
+
+def _read_json(path: Path) -> Any:
+    """A (gzipped) JSON document, or a list of records for JSONL; DatasetError with the line on bad JSON."""
+    text = _read_text(path)
+    if ".jsonl" in path.name:
+        return [r for _, r in _jsonl_rows(path, text)]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"dataset file {path}: malformed JSON at line {exc.lineno} ({exc.msg})") from None
 
 
 def records(path: Path, container: type = list) -> Any:
@@ -128,12 +149,13 @@ def records(path: Path, container: type = list) -> Any:
     return data
 
 
-def field_of(rec: Any, key: str, tp: type | tuple[type, ...], path: Path, n: int) -> Any:
-    """``rec[key]`` checked against ``tp``; DatasetError naming file, record and field otherwise."""
+def field_of(rec: Any, key: str, tp: type | tuple[type, ...], path: Path, n: int, unit: str = "record") -> Any:
+    """``rec[key]`` checked against ``tp``; DatasetError naming file, record (or ``unit`` ``n``) and field otherwise."""
     if not isinstance(rec, dict) or key not in rec or not isinstance(rec[key], tp):
         got = "missing" if not isinstance(rec, dict) or key not in rec else type(rec[key]).__name__
         want = tp.__name__ if isinstance(tp, type) else "/".join(t.__name__ for t in tp)
-        raise DatasetError(f"dataset file {path} record {n}: field {key!r} is {got}, expected {want}; is this the right file?")
+        raise DatasetError(f"dataset file {path} {unit} {n}: field {key!r} is {got}, expected {want}; is this the right "
+                           "file?")
     return rec[key]
 
 
@@ -172,26 +194,53 @@ def materialise(name: str, files: tuple[str, ...], build: Callable[[], list[Pass
 # ---------------------------------------------------------------- unified schema
 
 
-def load_qa_jsonl(path: str | Path) -> list[QAExample]:
-    """A unified-schema QA file: one ``{id, question, answers, supporting_titles?, source?}`` per line."""
+def check_question(ex: QAExample, where: str, max_chars: int) -> None:
+    """DatasetError when a text of ``ex`` holds a lone surrogate (it cannot be written: the trajectories would fail
+    after the episodes) or its question is longer than ``max_chars``; ``where`` names its file and line, or dataset."""
+    texts = [("id", ex.id), ("question", ex.question), *(("answer", a) for a in ex.answers),
+             *(("supporting title", t) for t in ex.supporting_titles), ("source", ex.source)]
+    for field, text in texts:
+        found = LONE_SURROGATE.search(text)
+        if found:
+            raise DatasetError(f"{where}: question {ex.id!r} holds a lone surrogate in its {field} "
+                               f"(U+{ord(found[0]):04X} at character {found.start()}), which is not a character "
+                               "and cannot be written; fix the text (a JSON \\udXXX escape must be half of a pair)")
+    if len(ex.question) > max_chars:
+        raise DatasetError(f"{where}: question {ex.id!r} is {len(ex.question)} characters, more than "
+                           f"data.max_question_chars={max_chars}; shorten it, or raise data.max_question_chars "
+                           "(its prompts must still fit the model's context)")
+
+
+def load_qa_jsonl(path: str | Path, max_question_chars: int = MAX_QUESTION_CHARS) -> list[QAExample]:
+    """A unified-schema QA file: one ``{id, question, answers, supporting_titles?, source?}`` per line (or a JSON
+    list of them in a ``.json`` file), each checked by :func:`check_question`."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise DatasetError(f"QA file {path} does not exist; pass a dataset name ({', '.join(DATASETS)}) or the path "
+    problem = not_a_file(path)
+    if problem:
+        raise DatasetError(f"QA file {path} {problem}; pass a dataset name ({', '.join(DATASETS)}) or the path "
                            "of a unified-schema .jsonl file")
+    if ".jsonl" in path.name:
+        rows, unit = _jsonl_rows(path, _read_text(path)), "line"
+    else:
+        rows, unit = list(enumerate(records(path), start=1)), "record"
     out: list[QAExample] = []
     seen: dict[str, int] = {}
-    for n, r in enumerate(records(path), start=1):
+    for n, r in rows:
+        where = f"QA file {path} {unit} {n}"
         ex = QAExample(
-            id=field_of(r, "id", str, path, n), question=field_of(r, "question", str, path, n).strip(),
-            answers=field_of(r, "answers", list, path, n), supporting_titles=r.get("supporting_titles", []),
+            id=field_of(r, "id", str, path, n, unit), question=field_of(r, "question", str, path, n, unit).strip(),
+            answers=field_of(r, "answers", list, path, n, unit), supporting_titles=r.get("supporting_titles", []),
             source=r.get("source", ""),
         )
         if not ex.question.strip() or not ex.answers or not all(isinstance(a, str) and a.strip() for a in ex.answers):
-            raise DatasetError(f"QA file {path} record {n}: needs a non-empty question and a list of non-empty answers")
+            raise DatasetError(f"{where}: needs a non-empty question and a list of non-empty answers")
         if not isinstance(ex.supporting_titles, list) or not all(isinstance(t, str) for t in ex.supporting_titles):
-            raise DatasetError(f"QA file {path} record {n}: supporting_titles must be a list of strings")
+            raise DatasetError(f"{where}: supporting_titles must be a list of strings")
+        if not isinstance(ex.source, str):
+            raise DatasetError(f"{where}: source must be a string")
+        check_question(ex, where, max_question_chars)
         if ex.id in seen:
-            raise DatasetError(f"QA file {path}: duplicate id {ex.id!r} in records {seen[ex.id]} and {n}")
+            raise DatasetError(f"QA file {path}: duplicate id {ex.id!r} on {unit}s {seen[ex.id]} and {n}")
         seen[ex.id] = n
         out.append(ex)
     if not out:
@@ -214,7 +263,7 @@ def write_qa_jsonl(examples: Iterable[QAExample], path: str | Path) -> Path:
 
 
 def _is_path(name: str) -> bool:
-    return name.endswith((".jsonl", ".jsonl.gz")) or os.sep in name or Path(name).expanduser().is_file()
+    return name.endswith((".jsonl", ".jsonl.gz")) or os.sep in name or Path(name).expanduser().exists()
 
 
 def _spec(name: str) -> DatasetSpec:
@@ -224,19 +273,23 @@ def _spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
-def _load_all(name: str, shared_dir: SharedDir) -> list[QAExample]:
+def _load_all(name: str, shared_dir: SharedDir, max_question_chars: int) -> list[QAExample]:
     if name not in DATASETS and _is_path(name):
-        return load_qa_jsonl(name)
+        return load_qa_jsonl(name, max_question_chars)
     spec = _spec(name)
     if spec.questions is None:
         raise DatasetError(f"{name!r} is a corpus only (no questions); use corpus_for({name!r})")
-    return spec.questions(shared_dir)
+    examples = spec.questions(shared_dir)
+    for ex in examples:
+        check_question(ex, f"dataset {name!r}", max_question_chars)
+    return examples
 
 
-def load_dataset(name: str, shared_dir: str | Path | None = None, limit: int | None = None,
-                 seed: int = 0) -> list[QAExample]:
-    """Questions of dataset ``name`` (see module doc); ``limit`` keeps a seeded random subset, in order."""
-    examples = _load_all(name, shared_dir)
+def load_dataset(name: str, shared_dir: str | Path | None = None, limit: int | None = None, seed: int = 0,
+                 max_question_chars: int = MAX_QUESTION_CHARS) -> list[QAExample]:
+    """Questions of dataset ``name`` (see module doc), every one checked by :func:`check_question` (all of them,
+    whatever the subset); ``limit`` keeps a seeded random subset, in order."""
+    examples = _load_all(name, shared_dir, max_question_chars)
     if limit is None or limit >= len(examples):
         return examples
     if limit < 1:
@@ -245,12 +298,17 @@ def load_dataset(name: str, shared_dir: str | Path | None = None, limit: int | N
     return [examples[i] for i in keep]
 
 
+def load_questions(data: DataConfig) -> list[QAExample]:
+    """The questions the config's ``data`` section names (:func:`load_dataset` with its fields)."""
+    return load_dataset(data.dataset, data.shared_dir, data.limit, data.seed, data.max_question_chars)
+
+
 def corpus_for(name: str, shared_dir: SharedDir = None, cache_dir: SharedDir = None) -> Path:
     """Path of the JSONL corpus that goes with dataset ``name`` (materialising a built one on first use)."""
     if name not in DATASETS and _is_path(name):
         qa = Path(name).expanduser()
         for cand in ("corpus.jsonl", "corpus.jsonl.gz"):
-            if (qa.parent / cand).is_file():
+            if (qa.parent / cand).exists():  # a FIFO or a directory there: the corpus reader names what it is
                 return qa.parent / cand
         raise DatasetError(f"no corpus.jsonl or corpus.jsonl.gz next to {qa}; set retriever.corpus to its corpus")
     spec = _spec(name)

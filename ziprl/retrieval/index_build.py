@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from itertools import islice
@@ -24,6 +25,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from ziprl.outputs import (
+    MARKER,
+    checked_dir,
+    entries,
+    locked,
+    no_marker,
+    plan_replace,
+    read_marker,
+    refuse_links,
+    used,
+    write_marker,
+)
 from ziprl.paths import atomic_path, atomic_write_json, replace_dir
 from ziprl.retrieval.corpus import iter_corpus, scan_corpus
 from ziprl.retrieval.encoder import Encoder
@@ -39,7 +52,7 @@ from ziprl.retrieval.index_files import (
     shard_bounds,
     shard_dir,
 )
-from ziprl.retrieval.passage_store import PassageStore, write_store
+from ziprl.retrieval.passage_store import STORE_FILES, PassageStore, write_store
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +63,8 @@ PROGRESS_FILE, TRAINED_FILE = "progress.json", "trained.faiss"
 BUILD_KEYS = ("format", "corpus_sha256", "count", "encoder", "query_prefix", "passage_prefix", "factory", "shards",
               "embeddings", "train_size", "store_vectors")
 BUILD_DEFAULTS = {"store_vectors": False}  # build keys an index written before they existed is read as having
+# what an index directory holds (its own marker and lock included), and so what --overwrite may delete
+is_index_entry = entries(*map(re.escape, (MANIFEST_FILE, INDEX_FILE, VECTORS_FILE, *STORE_FILES)), r"shard-\d{3,}")
 
 
 def build_key(manifest: dict) -> dict:
@@ -354,11 +369,49 @@ def fill_index(index: faiss.Index, source: Vectors, start: int, stop: int, chunk
     return index
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise RetrieverError(f"index output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
-        raise RetrieverError(f"{out} is a non-empty directory that is not a ZipRL index; choose another output directory")
+def _check_out(out_dir: str | Path, work: str) -> Path:
+    """``out_dir`` normalised, once an index may be built or reused there (nothing written): a new or empty
+    directory, one marked as a ZipRL index, or a complete index of an older ZipRL (unmarked: reused, never written).
+    The work directory beside it (``.<name>.<work>``) must be missing or one a build marked."""
+    out, used = checked_dir(out_dir, "index")
+    old = read_manifest(out) if used else None
+    if used and read_marker(out) is None and (old is None or missing_files(out, old)):
+        raise RetrieverError(f"{out} is a non-empty directory that is not a ZipRL index (it {no_marker(out)}); "
+                             "nothing was written: choose another output directory")
+    part = out.with_name(f".{out.name}.{work}")
+    if os.path.lexists(part):
+        marker = read_marker(part) if part.is_dir() and not part.is_symlink() else None
+        if marker is None or marker["kind"] != "index":
+            raise RetrieverError(f"{part} is in the way: a build works there, but no build marked it; nothing was "
+                                 "written: remove it yourself, or choose another output directory")
+        refuse_links(part)
+    return out
+
+
+def _check_replace(out: Path, overwrite: bool) -> None:
+    """Refuse (nothing written) to replace the index in ``out`` unless it is a marked ZipRL index holding only index
+    files and no link, and ``overwrite`` is given."""
+    if not out.is_dir() or not used(out):
+        return
+    if read_marker(out) is None:
+        raise RetrieverError(f"{out} holds an index of an older ZipRL (no {MARKER} marker) for other inputs or "
+                             "settings; nothing was written: delete it yourself to rebuild it there, or choose "
+                             "another output directory")
+    if not overwrite:
+        raise RetrieverError(f"{out} holds a ZipRL index of other inputs or settings; pass --overwrite to replace "
+                             "it, or choose another output directory")
+    plan_replace(out, "index", is_index_entry)
+
+
+def _resumable(work: Path, build: dict) -> bool:
+    """Whether ``work`` holds a partial build of these inputs and settings."""
+    state = read_json(work / PROGRESS_FILE)
+    return state is not None and build_key(state.get("build") or {}) == build
+
+
+def _up_to_date(out: Path, build: dict) -> bool:
+    old = read_manifest(out)
+    return old is not None and not missing_files(out, old) and build_key(old) == build
 
 
 def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
@@ -372,21 +425,28 @@ def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
 def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
                 index_type: str = "flat", batch_size: int = 64, progress: bool = True, *, shards: int = 1,
                 chunk_size: int = 65536, train_size: int = 262144, embeddings: str | Path | None = None,
-                checkpoint_s: float = 300.0, store_vectors: bool = False) -> Path:
-    """Build (or reuse, or resume) an index directory for a JSONL corpus of any size. Returns ``out_dir``.
+                checkpoint_s: float = 300.0, store_vectors: bool = False, overwrite: bool = True,
+                wait: bool = True) -> Path:
+    """Build (or reuse, or resume) an index directory for a JSONL corpus of any size. Returns ``out_dir``
+    (normalised).
 
     Vectors come from ``embeddings`` (a ``.npy``/``.parquet`` aligned row for row with the corpus) or
     from ``encoder``. Every input is checked before any vector is encoded or added. ``store_vectors`` also
     writes each shard's float32 vectors to ``vectors.npy``, which search memory-maps to re-rank a compressed
     index's candidates exactly (see ``Retriever.load``).
+
+    ``out_dir`` follows the output rule (:mod:`ziprl.outputs`): new, or marked as a ZipRL index; an index of other
+    inputs or settings there is replaced only with ``overwrite`` (the command's ``--overwrite``; a cached index
+    is rebuilt when its corpus changes), and an unmarked one of an older ZipRL only reused, never written. While
+    another process builds ``out``, this one waits and then reuses its index (``wait``; False: refuses, naming it,
+    as the command does), so the replicas of a retriever deployment build a missing index once.
     """
     for name, value, low in (("batch_size", batch_size, 1), ("shards", shards, 1), ("chunk_size", chunk_size, 1),
                              ("train_size", train_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise RetrieverError(f"{name} must be an integer >= {low}, got {value!r}")
     factory = factory_string(index_type)
-    out = Path(out_dir).expanduser()
-    _check_out(out)
+    out = _check_out(out_dir, "partial")
     source = open_vectors(embeddings) if embeddings is not None else None
     scan = scan_corpus(corpus_path, progress)
     if shards > scan.count:
@@ -410,87 +470,97 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         "train_size": min(train_size, scan.count) if trained else None, "metric": "inner_product",
         "store_vectors": store_vectors,
     }
-    old = read_manifest(out)
     build = build_key(manifest)
-    if old is not None and not missing_files(out, old) and build_key(old) == build:
+    if _up_to_date(out, build):
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
+    _check_replace(out, overwrite)
     work = out.with_name(f".{out.name}.partial")
-    state = read_json(work / PROGRESS_FILE)
-    if state is None or build_key(state.get("build") or {}) != build:
-        if source is not None:  # a resumed build's vectors were checked when it started
-            check_finite(source, embeddings, chunk_size)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        state = {"build": build, "stored": False, "trained": False, "added": [0] * shards, "files": [None] * shards}
-        atomic_write_json(work / PROGRESS_FILE, state)
-    else:
-        log.info("resuming the build in %s (%d of %d vectors added)", work, sum(state["added"]), scan.count)
-    bounds = shard_bounds(scan.count, shards)
-    parts = [shard_dir(work, s, shards) for s in range(shards)]
-    if not state["stored"]:
-        passages = (p for _, p in iter_corpus(corpus_path))
-        for part, (a, b) in zip(parts, bounds, strict=True):
-            part.mkdir(exist_ok=True)
-            write_store(islice(passages, b - a), part, scan.id_hashes[a:b])
-        state["stored"] = True
-        atomic_write_json(work / PROGRESS_FILE, state)
-    stores = [PassageStore(part) for part in parts]
-    if source is None:
-        source = EncodedVectors(stores, bounds, encoder, batch_size)
-    if not state["trained"]:
-        _write_index(train_template(index_type, source, train_size), work / TRAINED_FILE)
-        state["trained"] = True
-        atomic_write_json(work / PROGRESS_FILE, state)
-    with tqdm(total=scan.count, initial=sum(state["added"]), desc="adding vectors", unit="vec",
-              disable=not progress) as bar:
-        for s, (part, (a, b)) in enumerate(zip(parts, bounds, strict=True)):
-            if state["files"][s] == INDEX_FILE:
-                continue
-            name = state["files"][s]
-            index = faiss.read_index(str(part / name) if name else str(work / TRAINED_FILE))
+    resumed = _resumable(work, build)
+    if source is not None and not resumed:  # a resumed build's vectors were checked when it started
+        check_finite(source, embeddings, chunk_size)
+    with locked(out, wait):  # a second build of out waits, or is refused, until this one ends
+        _check_out(out, "partial")  # checked again under the lock: another build may have finished meanwhile
+        if _up_to_date(out, build):
+            return out
+        _check_replace(out, overwrite)
+        state = read_json(work / PROGRESS_FILE)
+        if not _resumable(work, build):
+            if source is not None and resumed:  # another build changed the partial one meanwhile
+                check_finite(source, embeddings, chunk_size)
+            shutil.rmtree(work, ignore_errors=True)  # a partial build of other inputs (marked: checked above)
+            work.mkdir()
+            write_marker(work, "index")  # moves with the build onto out
+            state = {"build": build, "stored": False, "trained": False, "added": [0] * shards,
+                     "files": [None] * shards}
+            atomic_write_json(work / PROGRESS_FILE, state)
+        else:
+            log.info("resuming the build in %s (%d of %d vectors added)", work, sum(state["added"]), scan.count)
+        bounds = shard_bounds(scan.count, shards)
+        parts = [shard_dir(work, s, shards) for s in range(shards)]
+        if not state["stored"]:
+            passages = (p for _, p in iter_corpus(corpus_path))
+            for part, (a, b) in zip(parts, bounds, strict=True):
+                part.mkdir(exist_ok=True)
+                write_store(islice(passages, b - a), part, scan.id_hashes[a:b])
+            state["stored"] = True
+            atomic_write_json(work / PROGRESS_FILE, state)
+        stores = [PassageStore(part) for part in parts]
+        if source is None:
+            source = EncodedVectors(stores, bounds, encoder, batch_size)
+        if not state["trained"]:
+            _write_index(train_template(index_type, source, train_size), work / TRAINED_FILE)
+            state["trained"] = True
+            atomic_write_json(work / PROGRESS_FILE, state)
+        with tqdm(total=scan.count, initial=sum(state["added"]), desc="adding vectors", unit="vec",
+                  disable=not progress) as bar:
+            for s, (part, (a, b)) in enumerate(zip(parts, bounds, strict=True)):
+                if state["files"][s] == INDEX_FILE:
+                    continue
+                name = state["files"][s]
+                index = faiss.read_index(str(part / name) if name else str(work / TRAINED_FILE))
 
-            def checkpoint(idx: faiss.Index, added: int, s: int = s, part: Path = part) -> None:
-                name = f"index.partial-{added}.faiss"
-                _write_index(idx, part / name)
-                previous, state["files"][s], state["added"][s] = state["files"][s], name, added
+                def checkpoint(idx: faiss.Index, added: int, s: int = s, part: Path = part) -> None:
+                    name = f"index.partial-{added}.faiss"
+                    _write_index(idx, part / name)
+                    previous, state["files"][s], state["added"][s] = state["files"][s], name, added
+                    atomic_write_json(work / PROGRESS_FILE, state)
+                    if previous:
+                        (part / previous).unlink(missing_ok=True)
+
+                stored = VectorWriter(part / VECTORS_FILE, b - a, dim, index.ntotal) if store_vectors else None
+                fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s, stored)
+                if stored is not None:
+                    stored.close()
+                _write_index(index, part / INDEX_FILE)
+                previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
                 atomic_write_json(work / PROGRESS_FILE, state)
                 if previous:
                     (part / previous).unlink(missing_ok=True)
-
-            stored = VectorWriter(part / VECTORS_FILE, b - a, dim, index.ntotal) if store_vectors else None
-            fill_index(index, source, a, b, chunk_size, bar, checkpoint, checkpoint_s, stored)
-            if stored is not None:
-                stored.close()
-            _write_index(index, part / INDEX_FILE)
-            previous, state["files"][s], state["added"][s] = state["files"][s], INDEX_FILE, b - a
-            atomic_write_json(work / PROGRESS_FILE, state)
-            if previous:
-                (part / previous).unlink(missing_ok=True)
-            del index
-    (work / TRAINED_FILE).unlink(missing_ok=True)
-    (work / PROGRESS_FILE).unlink()
-    manifest["shard_counts"] = [b - a for a, b in bounds]
-    atomic_write_json(work / MANIFEST_FILE, manifest)
-    replace_dir(work, out)
-    return out
+                del index
+        (work / TRAINED_FILE).unlink(missing_ok=True)
+        (work / PROGRESS_FILE).unlink()
+        manifest["shard_counts"] = [b - a for a, b in bounds]
+        atomic_write_json(work / MANIFEST_FILE, manifest)
+        replace_dir(work, out)
+        return out
 
 
 # ---------------------------------------------------------------- adopt
 
 
 def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
-                progress: bool = True) -> Path:
+                progress: bool = True, overwrite: bool = True) -> Path:
     """Make an index directory from a prebuilt FAISS index whose rows are the corpus's passages in order.
 
-    Checks first that the index's count equals the corpus's and its dimension the encoder's.
+    Checks first that the index's count equals the corpus's and its dimension the encoder's. ``out_dir`` follows
+    :func:`build_index`'s rule: an index already there is replaced only with ``overwrite``, and only when marked.
     """
     src = Path(faiss_file).expanduser()
     if not src.is_file():
         raise RetrieverError(f"FAISS index file {src} does not exist; pass the path of a file faiss.write_index wrote")
-    out = Path(out_dir).expanduser()
-    _check_out(out)
+    out = _check_out(out_dir, "adopting")
+    _check_replace(out, overwrite)
     try:
         index = faiss.read_index(str(src), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     except RuntimeError:
@@ -517,17 +587,20 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
         "shard_counts": [scan.count],
     }
     del index
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = out.with_name(f".{out.name}.adopting")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
-        write_store((p for _, p in iter_corpus(corpus_path)), work, scan.id_hashes)
-        shutil.copyfile(src, work / INDEX_FILE)
-        atomic_write_json(work / MANIFEST_FILE, manifest)
-        replace_dir(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    with locked(out):  # a second adopt or build of out is refused until this one ends
+        _check_out(out, "adopting")  # checked again under the lock
+        _check_replace(out, overwrite)
+        work = out.with_name(f".{out.name}.adopting")
+        shutil.rmtree(work, ignore_errors=True)  # a killed adopt's (marked: checked above)
+        work.mkdir()
+        try:
+            write_marker(work, "index")
+            write_store((p for _, p in iter_corpus(corpus_path)), work, scan.id_hashes)
+            shutil.copyfile(src, work / INDEX_FILE)
+            atomic_write_json(work / MANIFEST_FILE, manifest)
+            replace_dir(work, out)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     return out
 

@@ -156,6 +156,8 @@ def read_source(path: Path) -> pa.Table:
 
 def load_run(path: str | Path, decode: Callable[[list[int]], str] | None = None) -> Run:
     """Open every trajectory file of a run (a directory) or one file; unreadable ones go to ``Run.skipped``."""
+    if "\0" in str(path):
+        raise ViewerError(f"trajectory path {str(path)[:200]!r} holds a NUL byte (\\0); remove it")
     path = Path(path)
     run = Run(name=path.name or str(path), decode=decode)
     first = 0

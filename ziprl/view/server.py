@@ -1,8 +1,9 @@
 """Serve the viewer on a local port: the page at ``/``, one episode as JSON at ``/api/episode/<id>``.
 
-Every request gets a status line: unknown paths 404, other methods 501, malformed requests 400/414/431,
-a Host header that is not loopback 403 (while bound to loopback: the DNS-rebinding guard). A handler never
-raises to the socket server (a bug would be a 500 and one log line), and an idle connection is closed.
+Every request gets a status line: unknown paths 404, other methods 501, malformed requests 400/414/431 (HTTP/0.9
+and two Host headers included), a Host header that names no address the server is bound to 403 (the DNS-rebinding
+guard, :func:`host_guard`). A handler never raises to the socket server (a bug would be a 500 and one log line),
+and an idle connection is closed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import re
 import socket
 import sys
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ziprl.boundary import one_line
@@ -37,6 +39,40 @@ def host_name(header: str) -> str:
         return h
     name, colon, port = h.partition(":")
     return name if not colon or port.isdigit() else ""
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether the bound ``address`` (an IP address, as ``server_address`` has it) is a loopback one."""
+    ip = _ip(address.split("%", 1)[0])
+    return ip is not None and ip.is_loopback
+
+
+def host_guard(host: str, address: str) -> Callable[[str], bool]:
+    """Whether a Host header names the server bound as ``--host host`` to ``address``: the name given and the address
+    itself; for a loopback address also localhost and the other loopback names, for any other this machine's name;
+    for a wildcard address (0.0.0.0, ::) both, and any IP address (no DNS name a rebinding attack could point here)."""
+    ip = _ip(address.split("%", 1)[0])
+    names = {host.lower(), address.lower()}
+    wildcard = ip is not None and ip.is_unspecified
+    if is_loopback(address) or wildcard:
+        names |= set(LOCAL_HOSTS)
+    if not is_loopback(address):
+        names.add(socket.gethostname().lower())
+
+    def allowed(header: str) -> bool:
+        name = host_name(header)
+        named = _ip(name)
+        return (name in names or (named is not None and str(named) in names)
+                or (wildcard and named is not None))
+
+    return allowed
 
 
 def address_family(host: str) -> socket.AddressFamily:
@@ -81,11 +117,20 @@ def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265,
     """
     page = render_page(run, static=False).encode()
     csp = content_security_policy(*assets(), served=True)
-    guard = host in LOCAL_HOSTS  # bound to loopback: only loopback Host headers (DNS-rebinding guard)
 
     class Handler(BaseHTTPRequestHandler):
         default_request_version = "HTTP/1.0"  # so malformed and HTTP/0.9 requests get a status line too
         timeout = idle_timeout  # seconds; then the connection is closed
+
+        def parse_request(self) -> bool:
+            """http.server's, but an HTTP/0.9 request line (no version) is a 400 at once: http.server would wait
+            for headers such a client never sends."""
+            if len(self.raw_requestline.split()) == 2:
+                self.command, self.request_version, self.close_connection = None, self.default_request_version, True
+                self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+                self.send_error(400, "Bad request", "HTTP/0.9 requests are not served; send HTTP/1.0 or 1.1")
+                return False
+            return super().parse_request()
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
@@ -102,7 +147,12 @@ def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265,
             self._send(status, json.dumps(obj, allow_nan=False).encode(), "application/json")
 
         def _route(self) -> None:
-            if guard and host_name(self.headers.get("Host") or "") not in LOCAL_HOSTS:
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) > 1:
+                self.close_connection = True
+                self._send(400, b"more than one Host header", "text/plain; charset=utf-8")
+                return
+            if not self.server.host_allowed(hosts[0] if hosts else ""):
                 self._send(403, b"forbidden host", "text/plain; charset=utf-8")
                 return
             path = self.path.split("?", 1)[0]
@@ -133,7 +183,9 @@ def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265,
 
     server_class = type("ViewerServer", (_QuietServer,), {"address_family": address_family(host)})
     try:
-        return server_class((host, port), Handler)
+        server = server_class((host, port), Handler)
     except OSError as exc:
         raise _bind_error(exc, host, port) from None
+    server.host_allowed = host_guard(host, server.server_address[0])
+    return server
 

@@ -1,13 +1,20 @@
-"""Decode prompt token ids for the viewer with a ``tokenizer.json`` (the ``tokenizers`` library; no torch)."""
+"""Decode prompt token ids for the viewer with a ``tokenizer.json`` (the ``tokenizers`` library; no torch).
+
+As in training and evaluation, where a prompt longer than the model's context never reaches the model, a prompt
+longer than the context of the tokenizer's model is not decoded (one note says so): no run of that model wrote it.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from ziprl.boundary import one_line
 from ziprl.view.data import Run, ViewerError
+
+UNKNOWN_CONTEXT = 32_768  # prompt tokens decoded when no config.json beside the tokenizer names its model's context
 
 
 def default_tokenizer_dir() -> Path | None:
@@ -17,6 +24,16 @@ def default_tokenizer_dir() -> Path | None:
 
     found = sorted((cache_root() / "models").glob(f"{DEFAULT_MODEL_NAME}-*/tokenizer.json"))
     return found[0].parent if found else None
+
+
+def model_context(tokenizer_file: Path) -> int:
+    """``max_position_embeddings`` of the config.json beside ``tokenizer_file`` (what the engines take as the model's
+    context), or :data:`UNKNOWN_CONTEXT` when there is none."""
+    try:
+        value = json.loads((tokenizer_file.parent / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return UNKNOWN_CONTEXT
+    return value if isinstance(value, int) and value > 0 else UNKNOWN_CONTEXT
 
 
 def _first_prompt(run: Run) -> list[int] | None:
@@ -50,14 +67,23 @@ def make_decoder(spec: str | None, run: Run) -> Callable[[list[int]], str] | Non
         raise ViewerError(f"--tokenizer: {file} is not a tokenizer.json the tokenizers library reads "
                          f"({one_line(exc)}); give the directory of the model that wrote the run, "
                          "or --tokenizer none") from None
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    vocab, context = tok.get_vocab_size(with_added_tokens=True), model_context(file)
+    noted = False  # the note on a prompt past the context was printed
 
     def decode(ids: list[int]) -> str:
-        """The text of ``ids``; ids this tokenizer does not have (negative, past its vocabulary) are left out."""
+        """The text of ``ids`` ("" past the model's context); ids this tokenizer does not have (negative, past its
+        vocabulary) are left out."""
+        nonlocal noted
+        if len(ids) > context:
+            if not noted:
+                noted = True
+                print(f"[view] note: a prompt of {len(ids)} tokens is longer than the {context}-token context of the "
+                      f"model at {file.parent}; prompts that long are not decoded", file=sys.stderr)
+            return ""
         return tok.decode([i for i in ids if 0 <= i < vocab], skip_special_tokens=False)
 
     sample = _first_prompt(run)
-    if sample is not None and "Question: " not in decode(sample):
+    if sample is not None and len(sample) <= context and "Question: " not in decode(sample):
         print(f"[view] note: the tokenizer at {file.parent} does not decode these prompts (another model?); "
               "pass --tokenizer DIR of the model that wrote them", file=sys.stderr)
         return None
