@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from ziprl.paths import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a results name: files in RESULTS, never a path
 REPO = RESULTS.parents[1]
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")  # the ones kernels choose by
 
@@ -111,6 +113,9 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None,
                   config: str | Path | dict | None = None) -> tuple[Path, Path]:
     """Write ``results/<name>.json`` (rows, meta and :func:`provenance`) and ``results/<name>.md`` (the provenance,
     then a table of rows)."""
+    if not NAME_RE.fullmatch(name):
+        raise SystemExit(f"error: results name {name[:80]!r} must be letters, digits, '_', '-' or '.' (not first): "
+                         f"it names files in {RESULTS}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     prov = provenance(config)
     js = RESULTS / f"{name}.json"

@@ -1,6 +1,6 @@
 """The paper's Theorem 1 on real data: relevance-aware (adaptive) vs uniform allocation at the same mean budget.
 
-Questions: the pooled HotpotQA + MuSiQue questions with supporting titles (../shared/data). Each question's
+Questions: the pooled HotpotQA + MuSiQue questions with supporting titles ($ZIPRL_DATA). Each question's
 retrieved pool is its context paragraphs (supporting + distractors, as in the pooled corpus). Both policies
 write the scripted teacher's extractive notes (``ziprl.env.scripted.extractive_note``: its sentence ranking,
 computed once per paragraph, then its selection at each budget) for every paragraph:

@@ -86,7 +86,8 @@ def main() -> None:
 
     config = CONFIGS[args.task]
     cfg = load_config(config, [f"model.path={args.model}", f"data.limit={args.questions}",
-                               f"rollout.group_size={args.group}", f"data.seed={args.seed}"])
+                               f"rollout.group_size={args.group}", f"data.seed={args.seed}",
+                               "rollout.dynamic_sampling=false"])
     t0 = time.perf_counter()
     setup = load_eval_setup(cfg)
     stats, trajs = run_strategy(cfg, cfg.env.strategy, setup, progress=True)

@@ -240,7 +240,7 @@ def skip_reason(name: str) -> str | None:
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
-            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+            return "llama-cpp-python is not installed (bash scripts/setup.sh --llamacpp)"
     if name.startswith("ct2-"):
         try:
             import ctranslate2

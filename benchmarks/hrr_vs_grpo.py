@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
+from ziprl.outputs import OutputError, work_dir  # noqa: E402
 from ziprl.plots import plot_curves  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +131,11 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from finished runs")
     args = ap.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
+    if not args.report_only:  # runs go into a directory this benchmark marked (a rerun continues there)
+        try:
+            out = work_dir(out, "bench")
+        except OutputError as exc:
+            raise SystemExit(f"error: {exc}") from None
     if args.report_only:
         meta = json.loads((RESULTS / "hrr_vs_grpo.json").read_text())["meta"]
         meta.pop("curves", None)

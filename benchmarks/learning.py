@@ -48,10 +48,11 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, portable, write_results  # noqa: E402
+from _common import NAME_RE, RESULTS, portable, write_results  # noqa: E402
 from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
+from ziprl.outputs import OutputError, work_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation (task ``real``)
@@ -150,7 +151,7 @@ def run_parallel(jobs: list[tuple[str, list[str]]], workers: int, logs: Path) ->
     """Run the commands, ``workers`` at a time, each with one torch thread; raise if any fails."""
     import subprocess
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     logs.mkdir(parents=True, exist_ok=True)
     pending, running, failed = list(jobs), [], []
     while pending or running:
@@ -223,7 +224,7 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
 
     cfg = load_config(spec.config, [f"model.path={model}", f"data.dataset={spec.held_out}",
                                     f"retriever.corpus={spec.corpus}", f"rollout.group_size={spec.samples}",
-                                    f"sampling.greedy={str(spec.greedy).lower()}", "data.seed=0",
+                                    "rollout.dynamic_sampling=false", f"sampling.greedy={str(spec.greedy).lower()}", "data.seed=0",
                                     "model.num_threads=1"])
     log(f"evaluating {model} on {spec.held_out.name} ({spec.samples} sample(s) per question)")
     stats, trajs = run_strategy(cfg, "adaptive", load_eval_setup(cfg), progress=True)
@@ -437,6 +438,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.eval_samples = 1 if args.greedy else args.eval_samples
     if args.eval_limit < 1 or args.eval_samples < 1:
         ap.error("--eval-limit and --eval-samples must be >= 1")
+    if not NAME_RE.fullmatch(args.name):
+        ap.error(f"--name {args.name[:80]!r}: use letters, digits, '_', '-' or '.' (it names files in {RESULTS})")
     return args
 
 
@@ -453,7 +456,11 @@ def main() -> None:
         spec = EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"], job["greedy"])
         evaluate(spec, Path(job["model"]), Path(job["cache"]))
         return
-    t0, config, out, seeds = time.perf_counter(), args.config, args.out, args.seeds
+    try:  # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
+        out = work_dir(args.out, "bench")
+    except OutputError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    t0, config, seeds = time.perf_counter(), args.config, args.seeds
     model = Path(args.stage1_model) if args.stage1_model else stage1(config, [])
     log(f"Stage-1 model: {model}")
     if args.stage1_only:

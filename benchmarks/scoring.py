@@ -24,12 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 
+from ziprl.retrieval.datasets import shared_file  # noqa: E402
+from ziprl.retrieval.sets.hotpotqa import TRAIN, TRAIN_CORPUS  # noqa: E402
 from ziprl.scoring import compression_quality, extract_keywords, level_spec  # noqa: E402
 from ziprl.scoring.keywords import cached_keywords, sentences  # noqa: E402
 
-HOTPOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hotpotqa"
-DEFAULT_CORPUS = HOTPOT / "hipporag_hotpotqa_train_subset100_corpus.json.gz"
-DEFAULT_QUESTIONS = HOTPOT / "hipporag_hotpotqa_train_subset100.json.gz"
 GOAL_PER_CORE = 5000
 GROUP = 8  # compressions per observation in the cached row (a GRPO group scoring one observation)
 
@@ -124,11 +123,13 @@ def measure_scoring(args: argparse.Namespace) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=DEFAULT_CORPUS, help="HotpotQA pooled corpus (.json.gz)")
-    p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="HotpotQA questions (.json.gz)")
+    p.add_argument("--data", type=Path, help=f"HotpotQA pooled corpus; default: $ZIPRL_DATA/{TRAIN_CORPUS}")
+    p.add_argument("--questions", type=Path, help=f"HotpotQA questions; default: $ZIPRL_DATA/{TRAIN}")
     p.add_argument("--n", type=int, default=3000, help="distinct observations to score")
     p.add_argument("--repeats", type=int, default=5, help="timed passes; the best is reported")
     args = p.parse_args()
+    args.data = args.data or shared_file(TRAIN_CORPUS)
+    args.questions = args.questions or shared_file(TRAIN)
     load_before = os.getloadavg()[0]
     rows = measure_scoring(args)
     write_results("scoring", rows, meta={"data": args.data.name, "questions": args.questions.name,

@@ -1,6 +1,6 @@
 """Build the shipped sample (ziprl/data/sample/) from the shared data sets, reproducibly.
 
-    python scripts/make_sample.py [--shared ../shared/data] [--out ziprl/data/sample]
+    python scripts/make_sample.py [--shared DATA_DIR] [--out ziprl/data/sample]
 
 Picks the first N HotpotQA-train and N MuSiQue-train questions (HippoRAG subsets) with short, non yes/no
 answers, keeps every paragraph of their contexts, and fills the corpus up to --passages with a seeded
@@ -79,7 +79,7 @@ def short(ex: QAExample, max_words: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=None, help="shared data dir (default: ../shared/data or $ZIPRL_SHARED_DATA)")
+    ap.add_argument("--shared", default=None, help="the data directory (default: $ZIPRL_DATA; docs/data.md)")
     ap.add_argument("--out", default=str(REPO / "ziprl" / "data" / "sample"))
     ap.add_argument("--per-source", type=int, default=30, help="questions from each of HotpotQA and MuSiQue")
     ap.add_argument("--passages", type=int, default=2000, help="total corpus size")

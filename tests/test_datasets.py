@@ -12,6 +12,7 @@ import pytest
 from ziprl.registry import DATASETS
 from ziprl.retrieval.corpus import load_corpus
 from ziprl.retrieval.datasets import (
+    DEPRECATED_SHARED_ENV,
     SHARED_ENV,
     DatasetError,
     corpus_for,
@@ -43,8 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _shared() -> Path:
     try:
         return default_shared_dir()
-    except DatasetError:
-        pytest.skip("shared data directory not available")
+    except DatasetError as exc:
+        pytest.skip(f"needs the data directory: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,21 @@ def test_missing_shared_dir_names_path_and_env(monkeypatch, tmp_path):
         default_shared_dir()
     with pytest.raises(DatasetError, match=SHARED_ENV):
         load_dataset("hotpotqa")
+
+
+def test_no_data_directory_given_says_where_to_get_the_data(monkeypatch):
+    monkeypatch.delenv(SHARED_ENV, raising=False)
+    monkeypatch.delenv(DEPRECATED_SHARED_ENV, raising=False)
+    with pytest.raises(DatasetError, match=r"none is given: set ZIPRL_DATA=.*HotpotQA, MuSiQue and SQuAD.*docs/data.md"):
+        load_dataset("pooled")
+    assert len(load_dataset("sample")) == 60  # the shipped sets need none
+
+
+def test_the_old_variable_is_still_read_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.delenv(SHARED_ENV, raising=False)
+    monkeypatch.setenv(DEPRECATED_SHARED_ENV, str(tmp_path))
+    with pytest.warns(DeprecationWarning, match="ZIPRL_SHARED_DATA is deprecated.*set ZIPRL_DATA"):
+        assert default_shared_dir() == tmp_path
 
 
 def test_missing_file_in_shared_dir(tmp_path):

@@ -165,7 +165,7 @@ def test_greedy_and_samples_exclude_each_other(learning):
     assert exc.value.code == 2
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data")
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the data directory ($ZIPRL_DATA; docs/data.md)")
 def test_held_out_questions_are_disjoint_from_training(learning, tmp_path):
     from ziprl.retrieval.datasets import load_qa_jsonl
 

@@ -17,7 +17,8 @@ from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine
 from ziprl.policy.gguf_export import MappedWeights, UnsupportedModel, rope_permute, tensor_name, write_gguf
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python is not installed (the opt-in llamacpp engine: bash scripts/setup.sh --llamacpp)")
 from ziprl.policy.llamacpp_engine import LlamaCppEngine  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]

@@ -337,3 +337,37 @@ def test_view_replaces_only_its_own_report_and_only_with_overwrite(work, capsys)
     os.link(work / "r.html", work / "other.html")
     assert view.main([str(run), "--out", "r.html", "--tokenizer", "none", "--overwrite"]) == 2
     assert "file with another name" in capsys.readouterr().err
+
+
+def test_a_benchmark_work_dir_is_new_or_its_own(tmp_path):
+    from ziprl.outputs import work_dir
+
+    out = work_dir(tmp_path / "bench", "bench")
+    assert read_marker(out)["kind"] == "bench"
+    (out / "w0_seed0").mkdir()
+    assert work_dir(out, "bench") == out  # a rerun continues in its own directory
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not known to be a benchmark's working directory"):
+        work_dir(foreign, "bench")
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    with pytest.raises(OutputError, match="is a train/launch run directory"):
+        work_dir(run, "bench")
+    os.symlink(foreign, out / "elsewhere")
+    with pytest.raises(OutputError, match="elsewhere"):
+        work_dir(out, "bench")
+
+
+def test_a_results_name_never_leaves_the_results_folder(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+    for bad in ("../escape", "a/b", ".hidden", ""):
+        with pytest.raises(SystemExit, match="results name"):
+            _common.write_results(bad, [{"a": 1}])
+    assert not (tmp_path / "escape.json").exists()
+    assert not (tmp_path / "results").exists()

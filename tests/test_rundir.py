@@ -57,11 +57,13 @@ def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
 
 @requires_deepspeed
 def test_a_non_empty_dir_needs_resume_or_overwrite(run_dir, tmp_path):
-    with pytest.raises(OutputError, match="--resume to continue.*--overwrite"):
+    with pytest.raises(OutputError, match="--resume to continue it if an older ZipRL run wrote it"):
         prepare_run_dir(run_dir, resume=False, overwrite=False)
     assert prepare_run_dir(tmp_path / "new", resume=False, overwrite=False) is None and (tmp_path / "new").is_dir()
     out = copy_run(run_dir, tmp_path)
     (out / MARKER).write_text('{"format": 1}')
+    with pytest.raises(OutputError, match="--resume to continue.*--overwrite"):  # marked: both fixes are offered
+        prepare_run_dir(out, resume=False, overwrite=False)
     assert prepare_run_dir(out, resume=False, overwrite=True) is None and [p.name for p in out.iterdir()] == [MARKER]
     with pytest.raises(OutputError, match="contradict"):
         prepare_run_dir(out, resume=True, overwrite=True)

@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
 
+from tests.conftest import SHARED  # noqa: E402
 from ziprl.actors.serve_retriever import (  # noqa: E402
     MAX_K,
     RetrieverDeployment,
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "ziprl" / "data" / "sample" / "corpus.jsonl.gz"
-WIKI = ROOT.parent / "shared" / "data" / "wiki18_passages_sample" / "flashrag_wiki18_sample_1000.jsonl.gz"
+WIKI = SHARED / "wiki18_passages_sample" / "flashrag_wiki18_sample_1000.jsonl.gz"
 N_DOCS = 50
 
 

@@ -48,11 +48,11 @@ def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_p
 def test_a_resumed_run_keeps_the_dtype_its_checkpoint_was_written_in(tiny_model_dir, tmp_path, monkeypatch):
     """learner.bf16=null is decided by measuring the GEMMs; on a loaded machine a resumed run measured otherwise and
     left the straight run's loss (CI, 2.96e-10 against 2.74e-10). The checkpoint's decision holds on resume."""
-    from ziprl.learner import trainer as trainer_module
+    from ziprl.learner import hardware
     from ziprl.loop.in_process import train
 
     answers = [True, True, False]  # the straight run, the first two steps, then what the resumed run would measure
-    monkeypatch.setattr(trainer_module, "bf16_pays", lambda device: answers.pop(0))
+    monkeypatch.setattr(hardware, "bf16_pays", lambda device: answers.pop(0))
     straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
     train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
     resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)

@@ -122,6 +122,17 @@ def test_prompt_parts_recover_what_the_env_showed(word_retriever):
     assert prompt_parts(info["messages"][-1]["content"])["notice"].startswith("your last turn was not applied")
 
 
+def test_prompt_parts_take_the_last_complete_observation_among_many_unclosed_headers():
+    """A decoded prompt of 20,000 unclosed observation headers (an adversarial trajectory file) is parsed in one pass:
+    the last complete block is found, the unclosed ones after it are ignored."""
+    block = "OBSERVATION (turn 2, open d1):\n<observation>\nthe text\n</observation>"
+    prompt = block + "\n" + "OBSERVATION (turn 3, x):\n<observation>\nno end " * 20_000
+    parts = prompt_parts(prompt)
+    assert parts["observation"] == "the text"
+    assert parts["observation_label"] == "open d1"
+    assert prompt_parts("OBSERVATION (turn 1, x):\n<observation>\nunclosed")["observation"] is None
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4), max_leaves=12))

@@ -130,22 +130,22 @@ class ModelConfig:
                              "(evaluation, demos).")
     trust_remote_code: bool = opt(False, "let transformers run a model directory's own Python code.")
     engine: str = opt("hf", "a registered generation engine: hf (transformers, CPU or GPU) | vllm (GPU only, "
-                            "lazily imported) | llamacpp (CPU, Llama-architecture models, the llamacpp extra; "
-                            "slower than hf where hf's fused bf16 decode steps run: README); ziprl/policy/engines/.")
+                            "lazily imported) | llamacpp (CPU, Llama-architecture models; the opt-in llamacpp extra: "
+                            "bash scripts/setup.sh --llamacpp); ziprl/policy/engines/. Speeds: docs/performance.md.")
     device: str = opt("auto", "auto (CUDA when available) | cpu | cuda | cuda:N (hf engine). A CUDA device torch "
                               "does not see on this machine is refused at load, except with ray.address set (a "
                               "joined cluster's workers have GPUs of their own).")
     fused_decode: bool = opt(True, "hf engine, bfloat16 Llama-architecture model on a CPU with AVX-512 BF16: run each "
                                    "decode step as one C++ call (ziprl/policy/cpu_decode.py; scripts/setup.sh "
-                                   "builds it, else the first use, ~30 s); false, or anywhere else: the model's forward.")
+                                   "builds it, else the first use); false, or anywhere else: the model's forward.")
     static_decode: bool | None = opt(None, "hf engine: decode over a KV cache of fixed shape, each step's shape "
                                            "captured once as a CUDA graph and the tokens drawn on the device "
                                            "(ziprl/policy/static_decode.py; Llama, Mistral, Qwen2 and Qwen3 models "
                                            "without sliding windows). null = on with CUDA (off for other models), "
                                            "off on a CPU; true also runs on a CPU, without graphs.")
     gpu_memory_utilization: float = opt(0.5, "vLLM only: fraction (0, 1] of the GPU's memory the engine may take.")
-    num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 is faster on a busy "
-                              "2-core box).")
+    num_threads: int = opt(0, "torch CPU threads of this process; 0 = torch's default (1 suits several "
+                              "processes sharing few cores).")
 
 
 @dataclass
@@ -164,10 +164,13 @@ class SamplingConfig:
 class DataConfig:
     """The questions to train or evaluate on."""
 
-    dataset: str = opt("sample", "sample (shipped with the package) | pooled (every set under shared_dir) | "
-                                 "hotpotqa | musique | squad | a JSONL path. Paper: ASearcher-LRM for training, "
-                                 "MusiQue, SQuAD, Frames, Bamboogle, BC-Plus for tests (App. 'Datasets for Experiments').")
-    shared_dir: str | None = opt(None, "where the pooled sets live; null = ../shared/data next to the repository.")
+    dataset: str = opt("sample", "sample | invented | invented-heldout (shipped with the package) | pooled | "
+                                 "hotpotqa | musique | squad ... (read from shared_dir) | a JSONL path. Paper: "
+                                 "ASearcher-LRM for training, MusiQue, SQuAD, Frames, Bamboogle, BC-Plus for tests "
+                                 "(App. 'Datasets for Experiments').")
+    shared_dir: str | None = opt(None, "the data directory of the named sets not shipped with the package (HotpotQA, "
+                                       "MuSiQue, SQuAD, a Wikipedia sample; docs/data.md says where to get them); "
+                                       "null = $ZIPRL_DATA.")
     limit: int | None = opt(None, "keep a seeded random subset of this many questions; null = all.")
     seed: int = opt(0, "seed of the subset, the training question order and the evaluation rollouts.")
     max_question_chars: int = opt(8000, "a longer question is refused when the dataset loads (train, launch, eval, "
@@ -237,8 +240,8 @@ class LearnerConfig:
                                        "weights sharded to fit in GPU memory.")
     bf16: bool | None = opt(None, "bfloat16 compute with float32 master weights and optimizer state (autocast; "
                                   "DeepSpeed's bf16 mode on CUDA with ZeRO >= 1); null = on where it is faster: "
-                                  "CUDA with bf16, or a CPU whose measured bf16 matrix products run >= 1.5x its "
-                                  "float32 ones (AVX-512 BF16 without AMX can be slower than float32).")
+                                  "CUDA with bf16, or a CPU whose bf16 matrix products, measured at start, run >= "
+                                  "1.5x its float32 ones.")
     rollout_correction: str = opt("auto", "tis (truncated importance sampling of the learner's over the engine's "
                                           "token probabilities, as verl's rollout correction) | off | auto = tis "
                                           "whenever the engine's numerics differ from the learner's.")
@@ -250,9 +253,8 @@ class LearnerConfig:
     share_prefix: bool | None = opt(None, "run the leading tokens turns share once: the system prompt once per "
                                           "step, and on one rank the turns of a trajectory (each extends the one "
                                           "before) together in a micro-batch that runs their shared prompt once; off "
-                                          "with gradient checkpointing. null = on a CPU (learner 1.72x faster there), "
-                                          "off on a GPU (its rows then need a masked attention kernel: 2.2x slower on "
-                                          "an H100).")
+                                          "with gradient checkpointing. null = on a CPU, off on a GPU (its rows would "
+                                          "need a masked attention kernel); docs/performance.md has the measurements.")
     steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
     seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
 

@@ -41,7 +41,8 @@ from ziprl.paths import atomic_write_json
 
 MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
 MARKER_FORMAT = 1
-KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report"}
+KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report",
+         "bench": "a benchmark's working directory"}
 DEFAULT_KIND = "run"  # a marker without a kind: written when runs were the only kind
 SHOWN = 5  # offending entries named in an error
 
@@ -336,6 +337,23 @@ def own_dir(out_dir: str | Path, kind: str, writes: Iterable[str], mark: bool = 
         out.mkdir(parents=True, exist_ok=True)
         if read_marker(out) is None:
             write_marker(out, kind)
+    return out
+
+
+def work_dir(out_dir: str | Path, kind: str) -> Path:
+    """A directory a long job writes into and, run again, continues from (a benchmark's runs and evaluations):
+    ``out_dir`` normalised, created and marked when new or empty, reused when marked with ``kind``; OutputError,
+    nothing written, for a file, a link inside it, or a used directory that is not marked with ``kind``."""
+    out, in_use = checked_dir(out_dir, kind)
+    if in_use and read_marker(out) is None:
+        names = sorted(p.name for p in out.iterdir())
+        raise OutputError(f"output directory {out} is not empty ({shown(names)}) and {no_marker(out)}, so it is not "
+                          f"known to be {KINDS[kind]}; nothing was written: choose another --out")
+    if in_use:
+        refuse_links(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if read_marker(out) is None:
+        write_marker(out, kind)
     return out
 
 

@@ -143,9 +143,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         share = local_core_share(cfg)
         idle_threads = cpu_threads(share) if share and not cfg.ray.learner_gpus else None
         learner = RayLearner(group, idle_threads)
-        metrics = train_loop(cfg, learner, source, push, QuestionStream(examples, cfg.data.seed), logger, progress)
-        print(f"[launch] done: {cfg.learner.steps} steps; TensorBoard: tensorboard --logdir {out / 'tb'}", flush=True)
-        return metrics
+        return train_loop(cfg, learner, source, push, QuestionStream(examples, cfg.data.seed), logger, progress)
     finally:
         logger.close()
         if push is not None:

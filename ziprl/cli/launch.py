@@ -19,6 +19,7 @@ import sys
 from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
+from ziprl.loop.summary import config_arguments, run_arguments, summary_for
 from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
         launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
+    again = run_arguments(cfg.run.out_dir, {"--sft-checkpoint": args.sft_checkpoint, "--address": args.address,
+                                            "--num-rollout-actors": args.num_rollout_actors})
+    print(summary_for(cfg, "ziprl.launch", not cfg.run.sft_checkpoint, config_arguments(args.config, args.set), again))
     return 0
 
 

@@ -18,6 +18,7 @@ from ziprl.boundary import run_command
 from ziprl.cli.common import add_run_arguments, check_inputs, command_line, overrides, run_flags
 from ziprl.config import load_config
 from ziprl.loop.in_process import train
+from ziprl.loop.summary import config_arguments, run_arguments, summary_for
 from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
@@ -31,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg)
     with claim_run_dir(plan, command_line("ziprl.train", argv or [])):  # the first write, once every input is good
-        last = train(cfg)
-    print("[train] done:", {k: round(v, 4) for k, v in last.items() if k.startswith(("rollout/reward", "learner/loss"))})
+        train(cfg)
+    again = run_arguments(cfg.run.out_dir, {"--sft-checkpoint": args.sft_checkpoint})
+    print(summary_for(cfg, "ziprl.train", False, config_arguments(args.config, args.set), again))
     return 0
 
 

@@ -14,6 +14,10 @@ is ``corpus.jsonl[.gz]`` next to it. Registered:
   sets whose paragraphs are not available; :func:`corpus_for` gives them the pooled corpus and warns.
 - ``wiki18``: corpus only (1,000 FlashRAG wiki18 passages).
 
+The named sets beyond ``sample`` and ``invented`` read their files from a data directory the user gives:
+``data.shared_dir`` in the config, else ``$ZIPRL_DATA`` (docs/data.md lists the files and where to get them); with
+neither, loading one of them is a :class:`DatasetError` that says so.
+
 The pooled corpus = every paragraph of the HotpotQA and MuSiQue sets above plus the wiki18 sample,
 whitespace-normalised and de-duplicated on (title, text), with stable source-derived ids; it is
 materialised once under ``<cache>/corpora/`` keyed by the source files' hash.
@@ -31,6 +35,7 @@ import json
 import logging
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +51,11 @@ from ziprl.retrieval.types import Passage, QAExample
 log = logging.getLogger(__name__)
 
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "sample"
-SHARED_ENV = "ZIPRL_SHARED_DATA"
+SHARED_ENV = "ZIPRL_DATA"  # the data directory of the named sets beyond the shipped ones
+DEPRECATED_SHARED_ENV = "ZIPRL_SHARED_DATA"  # its old name, still read with a DeprecationWarning
+WHERE_TO_GET_DATA = ("it holds hotpotqa/, musique/, squad/ and wiki18_passages_sample/ from the public HotpotQA, "
+                     "MuSiQue and SQuAD v1.1 releases and a Wikipedia sample (FlashRAG's wiki-18); docs/data.md lists "
+                     "the files and where to get each")
 POOLED_VERSION = "pooled-v1"  # bump when the pooled-corpus construction changes
 MAX_QUESTION_CHARS = DataConfig.max_question_chars  # the default of data.max_question_chars
 
@@ -77,15 +86,23 @@ class DatasetSpec:
 
 
 def default_shared_dir() -> Path:
-    """``$ZIPRL_SHARED_DATA`` if set, else ``<repo>/../shared/data`` resolved from the package location."""
-    env = os.environ.get(SHARED_ENV)
-    path = Path(env).expanduser() if env else Path(__file__).resolve().parents[3] / "shared" / "data"
+    """The data directory ``$ZIPRL_DATA`` names (``$ZIPRL_SHARED_DATA``, deprecated, when it is unset); DatasetError,
+    saying where to get the data, when neither is set or the directory does not exist."""
+    name, value = SHARED_ENV, os.environ.get(SHARED_ENV)
+    old = os.environ.get(DEPRECATED_SHARED_ENV)
+    if old:
+        used = f"ignored because {SHARED_ENV} is set" if value else "still read for now"
+        warnings.warn(f"{DEPRECATED_SHARED_ENV} is deprecated ({used}): set {SHARED_ENV} instead",
+                      DeprecationWarning, stacklevel=2)
+        if not value:
+            name, value = DEPRECATED_SHARED_ENV, old
+    fix = (f"set {SHARED_ENV}=/path/to/data or data.shared_dir (--set data.shared_dir=PATH); {WHERE_TO_GET_DATA}. "
+           "The shipped datasets 'sample' and 'invented' need none")
+    if not value:
+        raise DatasetError(f"this dataset reads its files from a data directory and none is given: {fix}")
+    path = Path(value).expanduser()
     if not path.is_dir():
-        origin = f"${SHARED_ENV}" if env else "the default <repo>/../shared/data"
-        raise DatasetError(
-            f"shared data directory {path} ({origin}) does not exist; set {SHARED_ENV}=/path/to/shared/data "
-            "or pass shared_dir (data.shared_dir in the config). The shipped 'sample' dataset needs neither."
-        )
+        raise DatasetError(f"data directory {path} (${name}) does not exist: {fix}")
     return path
 
 
@@ -96,7 +113,8 @@ def shared_file(rel: str, shared_dir: SharedDir = None) -> Path:
     path = root / rel
     problem = not_a_file(path)
     if problem:
-        raise DatasetError(f"dataset file {path} {problem}; expected the file {rel} under the shared data dir {root}")
+        raise DatasetError(f"dataset file {path} {problem}; expected the file {rel} under the data directory {root}: "
+                           f"{WHERE_TO_GET_DATA}")
     return path
 
 

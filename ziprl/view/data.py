@@ -26,7 +26,8 @@ INDEX_COLUMNS = ("id", "qid", "question", "gold", "answer", "reward", "em", "f1"
                  "step", "finished", "errors", "source", "tokens")
 TEXT_LIMIT = 20_000  # characters of one decoded text shown per field (the rest is cut with a marker)
 _STEP_RE = re.compile(r"step_0*(\d+)")
-_OBS_RE = re.compile(r"OBSERVATION \(turn (\d+), ([^\n]*)\):\n<observation>\n(.*?)\n</observation>", re.DOTALL)
+_OBS_HEAD = "OBSERVATION (turn "
+_OBS_RE = re.compile(r"(\d+), ([^\n]*)\):\n<observation>\n(.*?)\n</observation>", re.DOTALL)  # after _OBS_HEAD
 _MEMORY_RE = re.compile(r"(Memory \([^\n]*\):\n.*?)\n\n(?:OBSERVATION|No observation yet)", re.DOTALL)
 _NOTICE_RE = re.compile(r"NOTICE: ([^\n]*)")
 
@@ -245,15 +246,24 @@ def _cut(text: str | None) -> str | None:
     return text[:TEXT_LIMIT] + f"\n… [{len(text) - TEXT_LIMIT} more characters not shown]"
 
 
+def last_observation(prompt: str) -> re.Match | None:
+    """The prompt's last complete observation block (groups: turn, label, text). Each header's text is searched only
+    up to the next header, so a prompt of many unclosed headers takes linear time, not quadratic."""
+    for part in reversed(prompt.split(_OBS_HEAD)[1:]):
+        if (m := _OBS_RE.match(part)) is not None:
+            return m
+    return None
+
+
 def prompt_parts(prompt: str) -> dict[str, str | None]:
     """What a decoded prompt showed the agent: memory notes, the pending raw observation, a notice."""
-    obs = list(_OBS_RE.finditer(prompt))
+    obs = last_observation(prompt)
     memory = _MEMORY_RE.search(prompt)
     notice = _NOTICE_RE.search(prompt)
     return {
         "memory": unescape(memory.group(1)) if memory else None,
-        "observation": unescape(obs[-1].group(3)) if obs else None,
-        "observation_label": unescape(obs[-1].group(2)) if obs else None,
+        "observation": unescape(obs.group(3)) if obs else None,
+        "observation_label": unescape(obs.group(2)) if obs else None,
         "notice": unescape(notice.group(1)) if notice else None,
     }
 
