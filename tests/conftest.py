@@ -100,6 +100,16 @@ def no_models():
     mp.undo()
 
 
+@pytest.fixture
+def no_work(no_models, monkeypatch):
+    """Beyond ``no_models``: no Ray cluster starts, no encoder loads, no scripted episode is played."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the bad input was reported")
+
+    for target in ("ziprl.actors.launch.launch", "ziprl.retrieval.encoder.Encoder.model", "ziprl.env.demos.synthesize"):
+        monkeypatch.setattr(target, property(refuse) if target.endswith(".model") else refuse)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Decode steps of a 135M model are tiny: one thread is as fast, and ~10x faster on a busy shared CPU."""

@@ -301,16 +301,6 @@ def test_the_table_is_large_new_and_covers_every_command():
     assert {r.cmd for r in ROWS} >= set(COMMANDS) - {"ziprl.watch_teacher"}
 
 
-@pytest.fixture
-def no_work(no_models, monkeypatch):
-    """Beyond ``no_models``: no Ray cluster starts, no encoder loads, no scripted episode is played."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("work started before the bad input was reported")
-
-    for target in ("ziprl.actors.launch.launch", "ziprl.retrieval.encoder.Encoder.model", "ziprl.cli.demos.build_demos"):
-        monkeypatch.setattr(target, property(refuse) if target.endswith(".model") else refuse)
-
-
 @pytest.mark.parametrize("r", ROWS, ids=[f"{r.cmd} {r.what} {i}" for i, r in enumerate(ROWS)])
 def test_adversarial_command_line(r, tmp_path, no_work):
     make_tree(tmp_path)

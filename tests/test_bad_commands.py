@@ -7,7 +7,6 @@ no "internal error", before any model loads (issue 23, item 5).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -250,14 +249,14 @@ def test_the_table_is_large_and_unique():
 
 
 @pytest.mark.parametrize(("cmd", "what", "argv"), CASES, ids=[f"{c} {w}" for c, w, _ in CASES])
-def test_bad_command_line(cmd, what, argv, files, monkeypatch, no_models):
+def test_bad_command_line(cmd, what, argv, files, monkeypatch, no_work):
+    """``no_work`` fails the row if a model, an encoder, a Ray launch or an episode starts before the refusal."""
     monkeypatch.chdir(files)
-    start = time.monotonic()
     code, err = run_case(cmd, argv, files)
     assert code == 2, err
-    assert err.count("error:") == 1 and [line for line in err.splitlines() if "error:" in line], err
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert time.monotonic() - start < 5, "bad input must be reported before any slow work"
+    assert err.count("error:") == 1, err
+    assert "Traceback" not in err, err
+    assert "internal error" not in err, err
 
 
 def _shown(cmd: str, argv: list[str]) -> str:

@@ -236,9 +236,7 @@ def test_idle_connection_is_closed(tmp_path):
     try:
         with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=5) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
-            start = time.monotonic()
-            assert sock.recv(4096) == b""  # closed by the server, not by our 5 s timeout
-            assert time.monotonic() - start < 4
+            assert sock.recv(4096) == b""  # closed by the server (our 5 s timeout would raise instead)
     finally:
         srv.shutdown()
         srv.server_close()
