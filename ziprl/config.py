@@ -225,8 +225,9 @@ class LearnerConfig:
     hrr_weight: float = opt(0.2, "w in Eq. advantage_adjust, A_ij = A_i + w (Q_ij - Q_bar_i); 0 = plain GRPO. "
                                  "Paper: 0.2.")
     adv_eps: float = opt(1e-6, "added to the group's reward std in the GRPO advantage (> 0).")
-    drop_zero_variance_groups: bool = opt(False, "drop groups whose rewards are all equal (DAPO-style dynamic "
-                                                 "sampling) instead of training them with zero advantage.")
+    drop_zero_variance_groups: bool = opt(False, "drop groups whose rewards are all equal from the step instead of "
+                                                 "training them with zero advantage (the batch shrinks; "
+                                                 "rollout.dynamic_sampling refills it instead).")
     policy_loss: str = opt("ppo_clip", "a registered policy loss (ziprl/learner/losses/): ppo_clip (the ZipRL "
                                        "objective, Eq. J_ZipRL: clipped surrogate - beta k3 KL, TIS correction).")
     loss_norm: str = opt("trajectory", "weight of a response token, a registered normalisation: trajectory (the "

@@ -10,8 +10,8 @@ A_i with w = ``learner.hrr_weight`` (w = 0: the estimator alone, e.g. plain GRPO
 Choices:
 - A group whose rewards are all equal (this includes a group of size 1) has no outcome signal: every A_i is
   exactly 0 (the estimator is not asked) and it counts as a zero-variance group. With
-  ``drop_zero_variance_groups`` such groups are removed (OpenRLHF/verl/DAPO dynamic sampling), which also drops
-  their HRR turn signal; by default they are kept and train on the HRR term alone.
+  ``drop_zero_variance_groups`` such groups are removed without a refill (``rollout.dynamic_sampling`` refills, as
+  DAPO does), which also drops their HRR turn signal; by default they are kept and train on the HRR term alone.
 - GRPO's std is the *population* std (``ddof=0``), see :func:`ziprl.learner.advantages.grpo_hrr.grpo_advantages`.
 """
 
