@@ -21,6 +21,18 @@ if SHARED.is_dir():
     os.environ.setdefault("ZIPRL_DATA", str(SHARED))
 
 
+def _cpu_has_bf16() -> bool:
+    from ziprl.learner.hardware import cpu_has_bf16
+
+    return cpu_has_bf16()
+
+
+# A CPU learner with learner.bf16=true is refused where the CPU has no bf16 instructions (an AVX2-only CPU runs bf16
+# GEMM at ~0.3 GFLOP/s): tests that ask for it skip there, saying why.
+requires_cpu_bf16 = pytest.mark.skipif(not _cpu_has_bf16(),
+                                       reason="learner.bf16=true needs a CPU with AVX-512 BF16 or AMX (refused here)")
+
+
 class WordRetriever:
     """A tiny exact retriever for unit tests of the env protocol: ranks passages by shared words.
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import ray
 
+from tests.conftest import requires_cpu_bf16
 from tests.test_trainer import make_cfg, make_trajectories, requires_deepspeed
 from ziprl.actors.driver import RefsFinished, check_resources
 from ziprl.actors.learner_actor import LearnerGroup
@@ -81,7 +82,8 @@ def test_learner_and_retriever_cpus_a_local_cluster_lacks_fail_before_any_work(c
     check_resources(joined)
 
 
-@pytest.mark.parametrize(("bf16", "wire"), [(True, "bfloat16"), (False, "float32")])
+@pytest.mark.parametrize(("bf16", "wire"), [pytest.param(True, "bfloat16", marks=requires_cpu_bf16),
+                                           (False, "float32")])
 def test_a_learner_rank_sends_its_compute_dtype_under_auto_engine_dtype(tiny_model_dir, bf16, wire):
     """model.dtype=auto: the rank reports the engines' dtype as its own compute dtype, and its pushes travel in it."""
     from ziprl.actors.learner_actor import LearnerWorker

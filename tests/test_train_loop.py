@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.conftest import requires_cpu_bf16
 from tests.test_trainer import requires_deepspeed
 from ziprl.config import load_config
 from ziprl.env.trajectory import load_trajectories
@@ -45,6 +46,7 @@ def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_p
     assert (tmp_path / "b" / "tb").is_dir()
 
 
+@requires_cpu_bf16
 def test_a_resumed_run_keeps_the_dtype_its_checkpoint_was_written_in(tiny_model_dir, tmp_path, monkeypatch):
     """learner.bf16=null is decided by measuring the GEMMs; on a loaded machine a resumed run measured otherwise and
     left the straight run's loss (CI, 2.96e-10 against 2.74e-10). The checkpoint's decision holds on resume."""
@@ -72,8 +74,9 @@ class _Built(Exception):
     """Raised by the stand-in engine factory: the run stops once the engine's config is known."""
 
 
-@pytest.mark.parametrize(("dtype", "bf16", "engine_dtype"), [("auto", True, "bfloat16"), ("auto", False, "float32"),
-                                                           ("float32", True, "float32")])
+@pytest.mark.parametrize(("dtype", "bf16", "engine_dtype"), [
+    pytest.param("auto", True, "bfloat16", marks=requires_cpu_bf16), ("auto", False, "float32"),
+    pytest.param("float32", True, "float32", marks=requires_cpu_bf16)])
 def test_the_engine_generates_in_the_learners_dtype_under_auto(tiny_model_dir, tmp_path, monkeypatch, dtype, bf16,
                                                                engine_dtype):
     """model.dtype=auto: the engine takes the dtype the learner computes in (decided by the Trainer); an explicit

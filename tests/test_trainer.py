@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.conftest import requires_cpu_bf16
 from ziprl.config import ZipRLConfig
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
-from ziprl.learner.hardware import cpu_has_bf16
 from ziprl.learner.losses.ppo_clip import policy_loss
 from ziprl.learner.sft import chat_prompt_ids, end_of_turn_ids
 from ziprl.learner.trainer import Trainer, shares_prefix, takes_probe, tis_cap
@@ -248,7 +248,6 @@ def test_warmup_then_constant_lr(tiny_model_dir):
     assert lrs == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
-requires_cpu_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no AVX-512 BF16 / AMX")
 
 
 @requires_cpu_bf16
