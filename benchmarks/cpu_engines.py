@@ -6,7 +6,8 @@ load), then generates from the chat prompts of ``engine_throughput.py`` (64 new 
 at temperature 1.0, top-k/top-p off) and returns, per row, the tokens up to and including EOS and the
 behaviour log-prob of each. Runs alternate between candidates so load from other processes hits all alike.
 
-Reported per candidate and batch: median tokens/s (useful tokens, as ``engine_throughput.py`` counts them),
+Reported per candidate and batch: median tokens/s (useful tokens, as ``engine_throughput.py`` counts them) and
+tokens per CPU second of this process (all its threads; on a busy shared machine the steadier of the two),
 the first call's seconds (includes torch.compile where used), refresh seconds, and at batch 8 the RL-step rate
 ``512 / (512 / tok_s + refresh_s)`` (one refresh per step of 8 x 64 tokens) and its ratio to HFEngine's.
 Agreement with HFEngine (float32): greedy rows whose first 32 tokens match, and the mean / max absolute
@@ -18,15 +19,20 @@ the shape of a search agent's later turns: the adaptive strategy's system prompt
 a search call and 1-4 passages of the shipped corpus as the observation (~400-750 tokens, unequal lengths, the
 system prompt shared), which is what an RL step's generation actually runs.
 
-Candidates: hf (HFEngine float32, today's engine), hf-bf16 (HFEngine in bfloat16, its decode steps one C++ call each
-where the CPU has AVX-512 BF16: ``model.fused_decode``), hf-bf16-unfused (the same through the model's forward), static-bf16 (transformers
+Candidates: hf (HFEngine float32: its decode steps one C++ call each where the CPU has AVX2 + FMA and no AVX-512 BF16,
+``model.fused_decode``, else the model's forward; the ``decode`` column says which), hf-unfused (float32 through the
+model's forward), hf-f32-fused-avx2 (float32, the AVX2 + FMA fused step on any CPU that runs it, as on one without
+AVX-512 BF16), hf-bf16 (HFEngine in bfloat16, its decode steps one C++ call each where the CPU has AVX-512 BF16),
+hf-bf16-unfused (the same through the model's forward), static-bf16 (transformers
 ``generate`` with ``cache_implementation="static"`` in bfloat16), static-bf16-compile (the same, forward
 compiled by torch.compile), ct2-int8 / ct2-int8_float32 / ct2-float32 / ct2-bfloat16 (CTranslate2 Generator;
 a ``-rows`` suffix decodes one prompt at a time: a CTranslate2 batch forwards its prompts at once only up to the
 shortest one's length and decodes the other prompts' remaining tokens one step at a time).
 llamacpp / llamacpp-bf16 / llamacpp-f16: ZipRL's ``llamacpp`` engine (llama.cpp through llama-cpp-python's C API,
 batched sequences, weights written in place into its mapped GGUF file), weight matrices in float32 / bf16 / f16.
-Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower.
+Use ``--threads 1`` on a shared machine: two torch threads on busy cores ran several times slower. To measure torch's
+float32 as a CPU without AVX-512 runs it, set ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2`` (torch's kernels, oneDNN, MKL's GEMM; recorded in the results' meta).
 
 Run: ``.venv/bin/python benchmarks/cpu_engines.py [--batches 1,8,32] [--new-tokens 64] [--repeats 3]
 [--candidates hf,ct2-int8,...] [--modes greedy,sample] [--threads N] [--prompts chat|rollout] [--out NAME]``
@@ -52,10 +58,12 @@ from engine_throughput import QUESTIONS
 
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, resolve_model_path
+from ziprl.policy.cpu.fused_decode import F32_AVX2, FusedDecode, cpu_runs, extension
 from ziprl.policy.models import load_model
 
 Rows = list[tuple[list[int], list[float]]]  # per prompt: (tokens up to and including EOS, log-prob of each)
 MATCH_TOKENS = 32
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # env caps on torch's kernels
 LLAMACPP_DTYPES = {"llamacpp": "float32", "llamacpp-bf16": "bfloat16", "llamacpp-f16": "float16"}
 
 
@@ -68,6 +76,7 @@ class Candidate:
     """An engine under test: ``refresh`` installs float32 named arrays, ``generate`` returns Rows."""
 
     name = ""
+    decode: str | None = None  # how its decode steps run, where that depends on the CPU
 
     def refresh(self, arrays: dict[str, np.ndarray]) -> None:
         raise NotImplementedError
@@ -76,12 +85,23 @@ class Candidate:
         raise NotImplementedError
 
 
-class HFCandidate(Candidate):
-    """Today's HFEngine (its own prefill + KV-cache decode loop), in ``dtype``."""
+# name -> (dtype, the engine's own fused_decode); hf-f32-fused-avx2 gets the AVX2 kernel installed whatever the CPU
+HF_CANDIDATES = {"hf": ("float32", True), "hf-unfused": ("float32", False), "hf-f32-fused-avx2": ("float32", False),
+                 "hf-bf16": ("bfloat16", True), "hf-bf16-unfused": ("bfloat16", False)}
 
-    def __init__(self, path: Path, dtype: str, fused_decode: bool = True) -> None:
-        self.name = "hf" if dtype == "float32" else "hf-bf16" if fused_decode else "hf-bf16-unfused"
-        self.engine = HFEngine(path, dtype=dtype, device="cpu", fused_decode=fused_decode)
+
+class HFCandidate(Candidate):
+    """Today's HFEngine (its own prefill + KV-cache decode loop), as :data:`HF_CANDIDATES` names it."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        dtype, fused = HF_CANDIDATES[name]
+        self.name = name
+        self.engine = HFEngine(path, dtype=dtype, device="cpu", fused_decode=fused)
+        if name == "hf-f32-fused-avx2":  # the kernel a CPU without AVX-512 BF16 picks, on this one too
+            self.engine.fused_decode = FusedDecode(self.engine.model, F32_AVX2, extension(F32_AVX2))
+            self.engine.fused_decode_off = None
+        fused_step = self.engine.fused_decode
+        self.decode = fused_step.kernel.name if fused_step else f"model forward ({self.engine.fused_decode_off})"
         self.version = 0
 
     def refresh(self, arrays: dict[str, np.ndarray]) -> None:
@@ -94,11 +114,11 @@ class HFCandidate(Candidate):
 
 
 class LlamaCppCandidate(HFCandidate):
-    """ZipRL's ``llamacpp`` engine (:class:`ziprl.policy.llamacpp_engine.LlamaCppEngine`) with weight matrices in
-    ``dtype``; refresh writes the arrays into its mapped GGUF file (no reload)."""
+    """ZipRL's ``llamacpp`` engine (:class:`ziprl.policy.engines.llamacpp.engine.LlamaCppEngine`) with weight
+    matrices in ``dtype``; refresh writes the arrays into its mapped GGUF file (no reload)."""
 
     def __init__(self, path: Path, dtype: str, threads: int) -> None:
-        from ziprl.policy.llamacpp_engine import LlamaCppEngine
+        from ziprl.policy.engines.llamacpp.engine import LlamaCppEngine
 
         self.name = {"float32": "llamacpp", "bfloat16": "llamacpp-bf16", "float16": "llamacpp-f16"}[dtype]
         self.engine = LlamaCppEngine(path, dtype=dtype, threads=threads)
@@ -222,8 +242,8 @@ def ct2_compute_type(name: str) -> str:
 
 def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     """The candidate called ``name``."""
-    if name in ("hf", "hf-bf16", "hf-bf16-unfused"):
-        return HFCandidate(path, "float32" if name == "hf" else "bfloat16", fused_decode=name != "hf-bf16-unfused")
+    if name in HF_CANDIDATES:
+        return HFCandidate(path, name)
     if name in ("static-bf16", "static-bf16-compile"):
         return StaticCacheCandidate(path, ref.eos_ids, ref.pad_id, compile_=name.endswith("compile"))
     if name.startswith("llamacpp"):
@@ -236,6 +256,8 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
 
 def skip_reason(name: str) -> str | None:
     """Why ``name`` cannot run here (package missing, compute type unsupported), or None."""
+    if name == "hf-f32-fused-avx2" and not cpu_runs(F32_AVX2):
+        return "this CPU has no AVX2 + FMA"
     if name.startswith("llamacpp"):
         try:
             import llama_cpp  # noqa: F401
@@ -303,6 +325,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="chat", choices=("chat", "rollout"), help="prompt shape (see above)")
     ap.add_argument("--out", default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
     args = ap.parse_args()
+    load_start = os.getloadavg()  # what else ran: on a shared machine tokens/s are as fair as this is low
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -327,6 +350,7 @@ def main() -> None:
         print(f"[load] {name}: build {load_s:.2f}s, refresh {refresh_s[name]:.3f}s", flush=True)
 
     results: dict[tuple[str, int, str], list[float]] = {}
+    per_cpu: dict[tuple[str, int, str], list[float]] = {}
     first_call: dict[tuple[str, int], float] = {}
     agree: dict[tuple[str, int], dict] = {}
     for b in batches:
@@ -348,17 +372,23 @@ def main() -> None:
         for r in range(args.repeats):
             for mode in modes:
                 for name, cand in cands.items():
+                    cpu = time.process_time()
                     out, secs = timed(cand.generate, prompts, mode == "greedy", args.new_tokens, r + 1)
+                    cpu = time.process_time() - cpu
                     n = sum(len(t) for t, _ in out)
                     results.setdefault((name, b, mode), []).append(n / secs)
-                    print(f"[run] b={b} r={r} {mode} {name}: {n} tok {secs:.2f}s {n / secs:.1f} tok/s", flush=True)
+                    per_cpu.setdefault((name, b, mode), []).append(n / cpu)
+                    print(f"[run] b={b} r={r} {mode} {name}: {n} tok {secs:.2f}s {n / secs:.1f} tok/s, {n / cpu:.1f} per CPU s", flush=True)
 
     hf_step = None
     for name in cands:
         for b in batches:
             row = {"candidate": name, "batch": b, "first_call_s": first_call[(name, b)], "refresh_s": refresh_s[name]}
+            if cands[name].decode:
+                row["decode"] = cands[name].decode
             for mode in modes:
                 row[f"{mode}_tok_s"] = statistics.median(results[(name, b, mode)])
+                row[f"{mode}_tok_per_cpu_s"] = statistics.median(per_cpu[(name, b, mode)])
             tps = row.get("sample_tok_s", row.get("greedy_tok_s"))
             if b == 8:
                 row["rl_step_tok_s"] = 512 / (512 / tps + refresh_s[name])
@@ -372,6 +402,8 @@ def main() -> None:
     write_results(args.out, rows, meta={
         "model": "SmolLM2-135M-Instruct (embedded, plain safetensors)", "threads": threads,
         "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": args.prompts, "sampling": "temperature 1.0, top-k/top-p off",
+        "isa_limits": {v: os.environ.get(v) for v in ISA_LIMITS},
+        "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()},
         "versions": {m: sys.modules[m].__version__ for m in ("torch", "transformers", "ctranslate2") if m in sys.modules}})
 
 

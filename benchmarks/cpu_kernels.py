@@ -8,7 +8,7 @@ decode step.
 - ``decode``: one HFEngine decode step (bf16, as the launch's engines generate beside a bf16 learner) of ``--model``
   (default: the embedded model) after an 800-token prompt, at batch 1, 2 and 4, with the model's linear layers on
   torch's ``linear`` and with their weights pre-packed for oneDNN as the engine runs them
-  (:mod:`ziprl.policy.cpu_linear`, repacked at every weight refresh), and the largest change packing makes to the
+  (:mod:`ziprl.policy.cpu.linear`, repacked at every weight refresh), and the largest change packing makes to the
   prompts' last logits.
 
 Milliseconds are the mean of timed repeats after a warm-up, on ``--threads`` torch threads.
@@ -56,7 +56,7 @@ def attention_ms(dtype, backend, seq: int, repeats: int = 5) -> float:
 
 
 def torch_linears(model) -> None:
-    """Undo :func:`ziprl.policy.cpu_linear.pack_linears`: every linear layer back on torch's own ``linear``."""
+    """Undo :func:`ziprl.policy.cpu.linear.pack_linears`: every linear layer back on torch's own ``linear``."""
     for module in model.modules():
         module.__dict__.pop("forward", None)
 
@@ -69,7 +69,7 @@ def decode_ms(model_path: str, batch: int, prompt_tokens: int = 800, repeats: in
 
     from ziprl.config import load_config
     from ziprl.policy import make_engine
-    from ziprl.policy.cpu_linear import pack_linears
+    from ziprl.policy.cpu.linear import pack_linears
     from ziprl.policy.kv import cache_kwarg
 
     cfg = load_config(None, ["model.dtype=bfloat16", "model.device=cpu"])

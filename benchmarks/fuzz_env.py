@@ -2,7 +2,7 @@
 
     python benchmarks/fuzz_env.py [--turns 100000] [--word-retriever]
 
-Turns come from tests/fuzz_strategies.py (structured turns with any level string, raw text, protocol and
+Turns come from ziprl/testing/fuzz_strategies.py (structured turns with any level string, raw text, protocol and
 chat-template fragments, forged hit lines, lone surrogates); every strategy plays them on the shipped sample
 index (real FAISS + encoder). Counts exceptions (the promise is zero), format and tool errors, and writes
 ``benchmarks/results/fuzz_env.{json,md}``.
@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks._common import write_results  # noqa: E402
-from tests.fuzz_strategies import turns  # noqa: E402
-from ziprl.config import STRATEGIES, EnvConfig, RetrieverConfig  # noqa: E402
+from ziprl.config import EnvConfig, RetrieverConfig  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
+from ziprl.registry import STRATEGIES  # noqa: E402
 from ziprl.retrieval.types import QAExample  # noqa: E402
+from ziprl.testing.fuzz_strategies import turns  # noqa: E402
 
 EX = QAExample("q", "What is the capital of France?", ["Paris"])
 
@@ -36,7 +37,7 @@ def main() -> None:
     ap.add_argument("--word-retriever", action="store_true", help="the tests' word retriever instead of FAISS")
     args = ap.parse_args()
     if args.word_retriever:
-        from tests.conftest import PASSAGES, WordRetriever
+        from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 
         retriever = WordRetriever(PASSAGES)
     else:

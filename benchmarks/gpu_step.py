@@ -15,7 +15,7 @@ the 1.7B step at 4 turns a pass was launch-bound: benchmarks/results/gpu_layout_
 Per architecture, the mean over the steps after the first (which warms up kernels and the allocator): rollout
 tokens/s (one padded batch of questions x group rows per turn), the learner's forward, reference, backward and
 optimizer seconds with its MFU (6 x parameters x tokens the forward ran / learner seconds against the bf16 GEMM
-peak measured in the same run), and the push: ``push_s`` the in-process push (``InProcessPush``: the learner's
+peak measured in the same run), and the push: ``push_s`` the in-process push (``InProcess``: the learner's
 weights copied on the GPU in the engine's dtype), ``push_host_s`` the same weights through float32 host arrays
 (``named_weights_numpy`` -> ``load_weights``, the in-process path before), both every step.
 ``--profile`` adds one more learner step, on the first question's group only (torch's profiler over a whole 64-row
@@ -92,12 +92,13 @@ def build_model(arch: str, tokenizer, out: Path, device: str = "cuda") -> Path:
 
 
 def rollout(engine, tokenizer, args, rng: random.Random, step: int) -> tuple[list, float, int]:
-    """``questions`` x ``group`` trajectories of ``turns`` turns, each turn one padded batch of every row.
+    """``questions`` groups of ``group`` trajectories of ``turns`` turns, each turn one padded batch of every row.
 
     Every prompt is the agent's system prompt (the default strategy's, shared by every row as in a real rollout)
     and a question over a context of up to ``prompt_tokens`` tokens, each row's ``prompt_spread`` shorter at random
     (real turns differ in length, so the learner pads them)."""
     from ziprl.config import EnvConfig, SamplingConfig
+    from ziprl.env.group import Group
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.sft import chat_prompt_ids
     from ziprl.registry import STRATEGIES
@@ -124,10 +125,11 @@ def rollout(engine, tokenizer, args, rng: random.Random, step: int) -> tuple[lis
             tokens += len(g.token_ids)
             turns[r].append(Turn(prompt_ids=p, response_ids=g.token_ids, logprobs=g.logprobs, response_text=g.text,
                                  q_com=rng.random() if t else None))
-    trajectories = [Trajectory(question_id=f"q{q}", question=f"Question {q}", answers=["north"], group_id=f"g{q}",
-                               sample_index=i, reward=float(rng.random() < 0.5), turns=turns[(q, i)])
-                    for q, i in rows]
-    return trajectories, seconds, tokens
+    groups = [Group(tuple(Trajectory(question_id=f"q{q}", question=f"Question {q}", answers=["north"],
+                                     group_id=f"g{q}", sample_index=i, reward=float(rng.random() < 0.5),
+                                     turns=turns[(q, i)]) for i in range(args.group)))
+              for q in range(args.questions)]
+    return groups, seconds, tokens
 
 
 def kernel_split(averages, seconds: float) -> dict[str, float]:
@@ -142,13 +144,13 @@ def kernel_split(averages, seconds: float) -> dict[str, float]:
     return {**{f"gpu_{k}_s": v for k, v in split.items()}, "gpu_busy_frac": sum(split.values()) / seconds}
 
 
-def profiled_step(trainer, trajectories, out_txt: Path) -> dict:
+def profiled_step(trainer, groups, out_txt: Path) -> dict:
     """``trainer.train_step`` under torch's profiler: its statistics plus :func:`kernel_split`; the top kernels and
     host ops written to ``out_txt``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        out = trainer.train_step(trajectories)
+        out = trainer.train_step(groups)
     averages = prof.key_averages()
     out_txt.parent.mkdir(parents=True, exist_ok=True)
     out_txt.write_text("GPU kernels by time\n" + averages.table(sort_by="self_device_time_total", row_limit=40)
@@ -185,17 +187,17 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     import torch
 
     from ziprl.learner.trainer import Trainer
-    from ziprl.loop.in_process import InProcessPush
     from ziprl.policy import HFEngine
+    from ziprl.weights.in_process import InProcess
 
     path = build_model(arch, tokenizer, workdir / arch)
     trainer = Trainer(learner_config(args), path)
     engine = HFEngine(path, dtype="bfloat16", device="cuda")
-    push = InProcessPush(trainer.named_weights, engine)
+    push = InProcess(trainer.named_weights, engine)
     rng, steps = random.Random(0), []
     for step in range(args.steps):
-        trajectories, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
-        out = trainer.train_step(trajectories)
+        groups, gen_s, gen_tokens = rollout(engine, tokenizer, args, rng, step)
+        out = trainer.train_step(groups)
         t0 = time.perf_counter()
         engine.load_weights(trainer.named_weights_numpy(), trainer.policy_version)
         torch.cuda.synchronize()
@@ -208,7 +210,7 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
               f"{push_host_s:.2f} s)", flush=True)
     extra = timed_checkpoint(trainer, workdir / f"{arch}-checkpoint") if args.checkpoint else {}
     if args.profile:
-        out = profiled_step(trainer, trajectories[: args.group], RESULTS / f"{args.name}_profile_{arch}.txt")
+        out = profiled_step(trainer, groups[:1], RESULTS / f"{args.name}_profile_{arch}.txt")
         extra.update({k: v for k, v in out.items() if k.startswith("gpu_")})
     kept = steps[1:] or steps
     row = {"arch": arch, "params_m": trainer.num_params / 1e6, "rows": args.questions * args.group,

@@ -5,10 +5,10 @@
                                        [--hrr-seeds 0,1,2,3,4] [--drift-seeds 0,1,2,3,4,5,6,7]
                                        [--set KEY=VALUE ...] [--name learning_gate]
 
-Runs the configurations of ``tests/test_learning_gate.py`` (``tests/learning_task.py``: the one-turn colour bandit in
-float32 and with the bf16 learner, the three-turn search task as the default run trains it; cold-started 2-layer
-Llamas, ``ziprl.train``'s production update path) once per seed with the code as it is (``--set``: config overrides
-after each configuration's own), then once per mutation and mutation seed (CI's seed, ``GATE_SEED``, unless
+Runs the configurations of ``tests/test_learning_gate.py`` (``ziprl/testing/learning_task.py``: the one-turn colour
+bandit in float32 and with the bf16 learner, the three-turn search task as the default run trains it; cold-started
+2-layer Llamas, ``ziprl.train``'s production update path) once per seed with the code as it is (``--set``: config
+overrides after each configuration's own), then once per mutation and mutation seed (CI's seed, ``GATE_SEED``, unless
 ``--mutation-seeds`` names others, for every configuration or for one),
 and writes the success rate per step, the start and end rates and the verdict of each run to
 ``benchmarks/results/<name>.{json,md}``. Then the HRR check (every reward 0; Q_com per step): w = 0 on the drift
@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from _common import write_results  # noqa: E402
 
-from tests.learning_task import (  # noqa: E402
+from ziprl.testing.learning_task import (  # noqa: E402
     BF16,
     GATE_SEED,
     HRR_MIN_LEAD,

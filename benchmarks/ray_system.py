@@ -5,7 +5,7 @@
 Goals: (a) Serve >= 0.8x in-process queries/s at batch >= 16 (one replica with as many CPUs as the
 in-process run has threads); (b) warm push to N actors <= 1.3x the push to 1 actor, and warm push
 <= 1 s, for a 135M-parameter float32 state dict (~540 MB; the CPU default engine runs in float32, so it
-travels in float32), over the driver's path (``make_weight_sync``, both transports) from the learner actor
+travels in float32), over the driver's path (``RaySender``, both transports) from the learner actor
 class to rollout-actor-class receivers whose real HFEngine applies it; (c) rollout tokens/s with 2 actors
 >= 1.6x one actor.
 Results go to benchmarks/results/ray_system.{json,md}.
@@ -32,7 +32,7 @@ from weight_sync import FixedWeightsLearner, model_shapes  # noqa: E402
 from ziprl.actors.ray_utils import init_ray  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
 from ziprl.actors.serve_retriever import ServeRetrieverClient, deploy_retriever  # noqa: E402
-from ziprl.actors.weight_sync import WeightReceiver, make_weight_sync  # noqa: E402
+from ziprl.actors.weight_sender import RaySender  # noqa: E402
 from ziprl.config import RayConfig, RetrieverConfig, ZipRLConfig  # noqa: E402
 
 BATCHES = (1, 16, 64)
@@ -111,7 +111,6 @@ class EngineSink(RolloutWorker):
 
         torch.set_num_threads(1)
         self.engine = HFEngine(model_path, device="cpu")
-        self.weights = WeightReceiver(self.engine)
         self.ids = torch.ones(1, 16, dtype=torch.long)
 
     def forward_s(self) -> float:
@@ -126,12 +125,12 @@ class EngineSink(RolloutWorker):
 
 def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str, transport: str,
                 repeats: int = 7) -> dict:
-    """(b) seconds of ``WeightSync.push`` until every actor's engine has the weights: first push (cold) and the
+    """(b) seconds of ``RaySender.push`` until every actor's engine has the weights: first push (cold) and the
     median of the rest (warm); plus actor 0's first forward pass after each push against its next one, so any
     cost moved from the push into the next generation shows."""
     import torch
 
-    from ziprl.actors.weight_buckets import unique_named_tensors
+    from ziprl.weights.buckets import unique_named_tensors
 
     cfg = ZipRLConfig()
     cfg.weights.transport = transport
@@ -140,7 +139,7 @@ def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str,
     sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(EngineSink).remote(model_path)
              for _ in range(actors)]
     ray.get([s.node_ip.remote() for s in sinks])
-    sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)
+    sync = RaySender(cfg, SimpleNamespace(actors=[learner]), sinks)
     times, first, steady, nbytes = [], [], [], 0
     for v in range(1, repeats + 1):
         stats = sync.push(v, wait=True)

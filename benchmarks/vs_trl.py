@@ -49,10 +49,11 @@ def peak_rss_mb() -> float:
 
 def run_ziprl(steps: int, engine_name: str = "hf", probe: bool = False) -> dict:
     from ziprl.config import ModelConfig, SamplingConfig, ZipRLConfig, resolve_engine_dtype
+    from ziprl.env.group import Group
     from ziprl.env.trajectory import Trajectory, Turn
     from ziprl.learner.trainer import Trainer
-    from ziprl.loop.in_process import InProcessPush
     from ziprl.policy import make_engine, resolve_model_path
+    from ziprl.weights.in_process import InProcess
 
     path = resolve_model_path(ModelConfig())
     cfg = ZipRLConfig()
@@ -61,7 +62,7 @@ def run_ziprl(steps: int, engine_name: str = "hf", probe: bool = False) -> dict:
     trainer = Trainer(cfg, path)
     dtype = resolve_engine_dtype(cfg.model, trainer.bf16).dtype
     engine = make_engine(ModelConfig(engine=engine_name, dtype=dtype, device="cpu"), path)
-    push = InProcessPush(trainer.named_weights, engine)  # ziprl.train's push
+    push = InProcess(trainer.named_weights, engine)  # ziprl.train's push
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW_TOKENS, stop=[])
     prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     times, tokens, parts = [], [], {"generate_s": [], "train_s": [], "push_s": []}
@@ -76,7 +77,7 @@ def run_ziprl(steps: int, engine_name: str = "hf", probe: bool = False) -> dict:
                                    response_text=gen.text)])
             for k, gen in enumerate(gens)
         ]
-        trainer.train_step(trajectories)
+        trainer.train_step([Group(tuple(trajectories[p * G:(p + 1) * G])) for p in range(len(PROMPTS))])
         trained = time.perf_counter()
         push.push(trainer.policy_version)
         end = time.perf_counter()

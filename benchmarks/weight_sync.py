@@ -3,11 +3,11 @@
     nice -n 10 .venv/bin/python benchmarks/weight_sync.py [--sizes 0.1B,0.5B,1.5B] [--receivers 1,4]
         [--bucket-mb 256] [--repeats 3] [--max-gb 9] [--name weight_sync]
 
-The sender is the real learner actor class (LearnerWorker, whose ``weight_source`` is replaced by synthetic
+The sender is the real learner actor class (LearnerWorker, whose ``learner_weights`` are replaced by synthetic
 bf16 tensors with the shapes of a Llama/Qwen-style model); the receivers are the real RolloutWorker class
 with a stand-in engine that drops what it is given (the model itself is not what is measured); the pushes go
-through :func:`ziprl.actors.weight_sync.make_weight_sync`, the path the driver takes. One push = from
-``WeightSync.push`` until every receiver has the weights (``wait=True``). ``fp32_baseline`` rows push the same
+through :class:`ziprl.actors.weight_sender.RaySender`, the path the driver takes. One push = from
+``RaySender.push`` until every receiver has the weights (``wait=True``). ``fp32_baseline`` rows push the same
 model widened to float32: the bytes of the previous path, which widened bf16 to float32 numpy arrays.
 ``cpu_s`` is the CPU time (user + system, via psutil) that the sender and all receivers spent per warm push;
 ``cpu_floor_s`` = ``cpu_s`` / the cores: no schedule of that work finishes the push faster on this box.
@@ -36,8 +36,9 @@ from _common import RESULTS, write_results  # noqa: E402
 
 from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
-from ziprl.actors.weight_sync import WeightReceiver, WeightSource, make_weight_sync  # noqa: E402
+from ziprl.actors.weight_sender import RaySender  # noqa: E402
 from ziprl.config import ZipRLConfig  # noqa: E402
+from ziprl.weights import LearnerWeights, WeightReceiver  # noqa: E402
 
 # hidden, layers, MLP, KV width, vocab (Qwen2.5-0.5B / -1.5B shapes; a GPT-2-small-like 0.1B)
 SHAPES = {"0.1B": (768, 12, 2048, 256, 32000), "0.5B": (896, 24, 4864, 128, 151936),
@@ -71,14 +72,14 @@ class FixedWeightsLearner(LearnerWorker):
         self.named = named if named is not None else [
             (n, torch.full(s, 1e-3 * i, dtype=getattr(torch, dtype))) for i, (n, s) in enumerate(model_shapes(size).items())]
 
-    def weight_source(self) -> WeightSource:
-        return WeightSource(self.named, lambda ps: contextlib.nullcontext(), "cpu", 0, False, 0)
+    def learner_weights(self) -> LearnerWeights:
+        return LearnerWeights(self.named, lambda ps: contextlib.nullcontext(), "cpu", 0, False, self.cfg.model.dtype,
+                              WeightReceiver)
 
 
-class NullEngine:
-    """Stand-in engine: takes the weights (checking names and byte count) and drops them."""
-
-    weight_transfer = "ziprl_group"  # received by the actor's WeightReceiver, as an HFEngine is
+class NullEngine(WeightReceiver):
+    """Stand-in engine: takes the weights (checking names and byte count) and drops them; it receives a collective
+    push on ZipRL's group, as an HFEngine does."""
 
     def __init__(self):
         self.version, self.bytes = 0, 0
@@ -94,7 +95,6 @@ class Sink(RolloutWorker):
     def __init__(self):
         torch.set_num_threads(1)
         self.engine = NullEngine()
-        self.weights = WeightReceiver(self.engine)
 
     def loaded_bytes(self) -> int:
         return self.engine.bytes
@@ -110,7 +110,7 @@ def measure(size: str, transport: str, receivers: int, dtype: str, bucket_mb: fl
     procs = [psutil.Process(p) for p in ray.get([a.__ray_call__.remote(lambda self: os.getpid())  # all started
                                                   for a in [learner, *sinks]])]
     t0 = time.perf_counter()
-    sync = make_weight_sync(cfg, SimpleNamespace(actors=[learner]), sinks)
+    sync = RaySender(cfg, SimpleNamespace(actors=[learner]), sinks)
     setup = time.perf_counter() - t0
     times, cpu, stats = [], [], {}
     for v in range(1, repeats + 2):  # the first push warms up (page faults, connections)

@@ -3,8 +3,10 @@
     python examples/one_step.py [--model DIR] [--questions 2] [--group-size 2] [--seed 0]
 
 A single-file reference for what every step of ``python -m ziprl.train`` does, with the library's own pieces and
-nothing hidden. The trainer runs the same math through DeepSpeed, micro-batching and checkpoints
-(``ziprl/learner/trainer.py``), and the loop around it admits groups by staleness (``ziprl/loop/training.py``).
+nothing hidden. The update (advantages -> loss -> backward -> optimizer step) is the one function the trainer runs,
+``ziprl.learner.step.update_step``; here it trains the policy in plain torch (:class:`TorchPolicy`), where the trainer
+runs it through DeepSpeed, data-parallel ranks and checkpoints (``ziprl/learner/trainer.py``), and the loop around
+it admits groups by staleness (``ziprl/loop/training.py``).
 
 By default the policy is a tiny random Llama (2 layers, hidden 64) with the embedded SmolLM2 tokenizer, and the
 questions and the corpus are the shipped sample (``ziprl/data/sample`` and its prebuilt FAISS index), so it runs on
@@ -16,9 +18,11 @@ advantages and a real update.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,24 +30,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from ziprl.config import ModelConfig, RetrieverConfig, load_config  # noqa: E402
+from ziprl.config import ModelConfig, RetrieverConfig, ZipRLConfig, load_config  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
-from ziprl.learner.advantages import compute_advantages  # noqa: E402
-from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs  # noqa: E402
-from ziprl.loop.in_process import InProcessPush  # noqa: E402
+from ziprl.learner.batch import MicroBatch, TurnRow, make_micro_batches  # noqa: E402
+from ziprl.learner.step import update_step  # noqa: E402
+from ziprl.learner.step_stats import StepStats  # noqa: E402
+from ziprl.learner.trainer import tis_cap  # noqa: E402
 from ziprl.policy import make_engine  # noqa: E402
 from ziprl.policy.models import build_tiny_llama, load_model, resolve_model_path, torch_dtype  # noqa: E402
 from ziprl.policy.rollout import rollout_groups  # noqa: E402
-from ziprl.registry import LOSSES  # noqa: E402
 from ziprl.retrieval.datasets import load_dataset  # noqa: E402
 from ziprl.retrieval.retriever import Retriever  # noqa: E402
+from ziprl.weights.in_process import InProcess  # noqa: E402
+
+
+class TorchPolicy:
+    """The policy, its frozen reference and AdamW in plain torch, float32, one process: what ``update_step`` trains
+    (a ``ziprl.learner.step.Trainable``, as the DeepSpeed ``Trainer`` is)."""
+
+    zero_stage = 0  # no DeepSpeed
+    device = torch.device("cpu")
+
+    def __init__(self, cfg: ZipRLConfig, model_dir: Path, pad_id: int) -> None:
+        self.cfg, self.pad_id = cfg, pad_id
+        self.policy = load_model(model_dir).train()
+        # the frozen start, for the KL term; until the first update the policy's own log-probs are its
+        self.reference = load_model(model_dir).requires_grad_(False) if cfg.learner.beta > 0 else None
+        self.at_reference = True
+        # an HF float32 engine and a float32 learner: the behaviour log-probs are the learner's, no rollout correction
+        self.tis_cap = tis_cap(cfg, bf16=False)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.learner.lr,
+                                           weight_decay=cfg.learner.weight_decay)
+        self.policy_version = 0
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def compute(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # float32: no autocast
+
+    def micro_batches(self, rows: list[TurnRow]) -> tuple[list[tuple[MicroBatch, bool]], None]:
+        """``learner.micro_batch_turns`` rows a micro-batch, the prompt tokens its rows share run once; no prefix shared
+        by the whole step."""
+        batches = make_micro_batches(rows, self.cfg.learner.micro_batch_turns, self.pad_id, share_prefix=True)
+        return [(mb, True) for mb in batches], None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()  # gradients accumulate over the micro-batches: each loss holds the whole batch's weights
+
+    def optimizer_step(self) -> float:
+        """Clip the gradient's global norm, one AdamW update; the policy's next version."""
+        max_norm = self.cfg.learner.max_grad_norm if self.cfg.learner.max_grad_norm > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.policy_version += 1
+        self.at_reference = False
+        return norm
 
 
 def one_step(model_dir: Path, questions: int = 2, group_size: int = 2, seed: int = 0) -> dict[str, float]:
     """One step from ``model_dir``'s weights; returns what each stage produced."""
     cfg = load_config(None, [f"rollout.group_size={group_size}", "env.max_turns=2", "sampling.max_new_tokens=32",
                              "learner.lr=1e-4", "model.device=cpu"])
-    lc = cfg.learner
     torch.manual_seed(seed)
 
     # 1. Rollout: G episodes per question through the env, one generation batch per turn; every turn keeps its
@@ -52,48 +102,33 @@ def one_step(model_dir: Path, questions: int = 2, group_size: int = 2, seed: int
     retriever = Retriever.from_config(RetrieverConfig())  # the shipped sample's prebuilt index
     engine = make_engine(cfg.model, model_dir)
     groups = rollout_groups(engine, lambda: SearchCompressEnv(cfg.env, retriever=retriever, examples=examples),
-                            examples, cfg.sampling, cfg.rollout.group_size, seed)
-    trajectories = [t for group in groups for t in group]
+                            examples, cfg, seed)
 
-    # 2. Advantages: GRPO per trajectory, A_i = (R_i - mean_group) / (std_group + eps), then HRR per turn,
-    #    A_ij = A_i + w (Q_ij - Q_bar_i) (ziprl/learner/advantages/: learner.advantage_estimator).
-    adv = compute_advantages(trajectories, lc)
-
-    # 3. Loss: one training row per turn (its response tokens weighted 1 / (G |o_i|), learner.loss_norm), in
-    #    micro-batches; the ZipRL objective, -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t) (learner.policy_loss).
-    #    Gradients accumulate over micro-batches: each loss is a weighted sum over the whole batch's normalisation.
-    policy = load_model(model_dir).train()
-    reference = load_model(model_dir).requires_grad_(False)  # the frozen start, for the KL term
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
-    rows = build_rows(adv.trajectories, adv.turn_advantages, lc.loss_norm,
-                      budget=cfg.env.max_turns * cfg.sampling.max_new_tokens)
-    policy_loss = LOSSES[lc.policy_loss]
-    loss_sum = 0.0
-    for mb in make_micro_batches(rows, lc.micro_batch_turns, pad_id=engine.tokenizer.pad_token_id):
-        logp = response_logprobs(policy, mb)
-        with torch.no_grad():
-            ref_logp = response_logprobs(reference, mb)
-        # float32 HF engine and float32 learner: the behaviour log-probs are the learner's, no rollout correction
-        loss, _ = policy_loss(logp, mb.old_logp, mb.adv, mb.weight, mb.loss_mask, ref_logp, lc.beta, lc.clip_eps)
-        loss.backward()
-        loss_sum += loss.item()
-
-    # 4. Optimizer step: clip the gradient's global norm, one AdamW update; the policy is now version 1.
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), lc.max_grad_norm))
-    optimizer.step()
-    optimizer.zero_grad()
+    # 2-4. The update, ziprl.learner.step.update_step:
+    #    advantages: GRPO per trajectory, A_i = (R_i - mean_group) / (std_group + eps), then HRR per turn,
+    #      A_ij = A_i + w (Q_ij - Q_bar_i) (ziprl/learner/advantages/: learner.advantage_estimator, learner.hrr_weight);
+    #    loss: one training row per turn (its response tokens weighted 1 / (G |o_i|), learner.loss_norm), in
+    #      micro-batches; the ZipRL objective, -sum_t w_t (min(rho A, clip(rho) A) - beta KL_t) (learner.policy_loss),
+    #      each micro-batch's backward accumulating the gradient;
+    #    optimizer step: TorchPolicy.optimizer_step; the policy is now version 1.
+    #    What it measured (losses, KL, clipping, timing, the update probe) lands in the StepStats beside it.
+    learner = TorchPolicy(cfg, model_dir, engine.tokenizer.pad_token_id)
+    stats = StepStats(time.perf_counter)
+    update_step(learner, groups, stats)
+    learned = stats.metrics()
 
     # 5. Weight push: the new weights into the engine that generates the next step's rollouts, copied where and in
     #    the dtype the engine takes them (its weights_device / weights_dtype).
     def weights(device: str, dtype: str) -> dict[str, torch.Tensor]:
-        return {name: p.detach().to(device, torch_dtype(dtype), copy=True) for name, p in policy.named_parameters()}
+        return {name: p.detach().to(device, torch_dtype(dtype), copy=True)
+                for name, p in learner.policy.named_parameters()}
 
-    pushed = InProcessPush(weights, engine).push(version=1)
+    pushed = InProcess(weights, engine).push(version=learner.policy_version)
 
-    return {"trajectories": float(len(trajectories)), "turns": float(len(rows)),
-            "reward": sum(t.reward for t in trajectories) / len(trajectories),
-            "adv_std": adv.stats["adv_std"], "hrr_abs_mean": adv.stats["hrr_abs_mean"], "loss": loss_sum,
-            "grad_norm": grad_norm, "pushed_bytes": pushed["bytes"], "engine_version": float(engine.version)}
+    rewards = [t.reward for group in groups for t in group]
+    return {"trajectories": float(len(rewards)), "turns": learned["turns"], "reward": sum(rewards) / len(rewards),
+            **{k: learned[k] for k in ("adv_std", "hrr_abs_mean", "loss", "kl", "grad_norm", "policy_version")},
+            "pushed_bytes": pushed["bytes"], "engine_version": float(engine.version)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -28,7 +28,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
-from ziprl.env.tokenized import make_tokenized_env
+from ziprl.integrations.rllib import make_tokenized_env
 
 ENV_NAME = "ziprl-tokenized"
 

@@ -23,7 +23,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TESTS=(tests/test_gpu.py)
 # The older GPU tests use the packaged default model's tokenizer: added when it resolves offline.
 if timeout 120 "$PY" -c "from ziprl.config import ModelConfig; from ziprl.policy.models import resolve_model_path; resolve_model_path(ModelConfig())" >/dev/null 2>&1; then
-  TESTS+=(tests/test_trainer.py::test_bf16_zero_on_gpu tests/test_vllm_engine.py)
+  TESTS+=(tests/learner/test_trainer.py::test_bf16_zero_on_gpu tests/policy/engines/vllm/test_engine.py)
 fi
 start=$(date +%s)
 timeout 540 "$PY" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" --junitxml "$OUT/gpu_check.xml" 2>&1 | tee "$OUT/pytest.log"

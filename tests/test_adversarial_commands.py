@@ -52,7 +52,7 @@ def _demos_table(path: Path) -> None:
 
 def make_tree(d: Path) -> None:
     """The user's files every row runs among (nothing here was written by ZipRL)."""
-    from tests.viewer_data import write_run
+    from ziprl.testing.viewer_data import write_run
 
     user = d / "user"
     (user / "sub").mkdir(parents=True)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from ziprl import config
-from ziprl.cli import demos, index, launch, sft, train, view, watch_teacher
+from ziprl.cli import demos, index, launch, sft, train, watch_teacher
 from ziprl.cli import eval as eval_cmd
+from ziprl.view import command as view
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "bad-commands.md"

@@ -54,18 +54,21 @@ def test_image_is_current_ray_gpu_image(cfg):
 
 def test_installs_ziprl_with_gpu_extra(cfg):
     assert any("pip install" in c and "ziprl[gpu" in c for c in cfg["setup_commands"])
-    assert cfg["head_start_ray_commands"] and cfg["worker_start_ray_commands"]
+    assert cfg["head_start_ray_commands"]
+    assert cfg["worker_start_ray_commands"]
 
 
 def test_every_node_uses_the_operators_security_group(cfg):
     """Ray's auto-created group opens SSH to 0.0.0.0/0; an explicit group on every node type replaces it."""
     for name, t in cfg["available_node_types"].items():
         groups = t["node_config"].get("SecurityGroupIds")
-        assert groups and all(g.startswith("sg-") for g in groups), name
+        assert groups, name
+        assert all(g.startswith("sg-") for g in groups), name
     rules = cfg["provider"].get("security_group", {}).get("IpPermissions", [])
     assert not any(r.get("CidrIp") == "0.0.0.0/0" for rule in rules for r in rule.get("IpRanges", []))
     text = YAML.read_text()
-    assert "--port 22 --cidr <YOUR_IP>/32" in text and "--source-group <SG_ID>" in text
+    assert "--port 22 --cidr <YOUR_IP>/32" in text
+    assert "--source-group <SG_ID>" in text
 
 
 def test_ray_token_authentication_is_on(cfg):

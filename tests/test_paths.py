@@ -88,7 +88,8 @@ def test_atomic_dir_replaces_a_whole_directory_or_nothing(tmp_path):
     with pytest.raises(RuntimeError), atomic_dir(dest) as tmp:
         (tmp / "a.txt").write_text("v2")
         raise RuntimeError("killed")
-    assert (dest / "a.txt").read_text() == "v1" and (dest / "nested" / "b.txt").read_text() == "v1"
+    assert (dest / "a.txt").read_text() == "v1"
+    assert (dest / "nested" / "b.txt").read_text() == "v1"
     with atomic_dir(dest) as tmp:
         (tmp / "c.txt").write_text("v3")
     assert sorted(p.name for p in dest.iterdir()) == ["c.txt"]  # replaced whole, nothing of v1 kept

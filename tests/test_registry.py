@@ -3,6 +3,7 @@ by registration alone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import sys
@@ -10,8 +11,6 @@ import types
 
 import pytest
 
-from tests.conftest import PASSAGES, WordRetriever
-from ziprl.actors.weight_sync import SendsWeights, WeightReceiver, WeightSource
 from ziprl.config import ConfigError, EnvConfig, SamplingConfig, load_config, main
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
@@ -21,17 +20,21 @@ from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.trainer import rollout_matches_learner
 from ziprl.policy import make_engine
 from ziprl.policy.engine import EngineSpec, GenerationEngine, stop_strings
-from ziprl.registry import ENGINES, REWARDS, STRATEGIES, TOOLS, Registry
+from ziprl.registry import ENGINES, REWARDS, STRATEGIES, TOOLS, TRANSPORTS, Registry
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.word_retriever import PASSAGES, WordRetriever
+from ziprl.weights import LearnerWeights
 
 
 def test_builtin_entries_in_order():
     assert STRATEGIES.names()[:4] == ("adaptive", "uniform", "react", "summary")
-    assert TOOLS.names() == ("search", "open", "answer") and REWARDS.names() == ("em", "f1")
+    assert TOOLS.names() == ("search", "open", "answer")
+    assert REWARDS.names() == ("em", "f1")
     assert ENGINES.names() == ("hf", "vllm", "llamacpp")
-    assert [ENGINES[n].weight_transfer for n in ENGINES] == ["ziprl_group", "vllm_nccl", "ziprl_group"]
+    assert TRANSPORTS.names() == ("object_store", "collective")
     assert closing_tags() == ["</search>", "</open>", "</answer>"]
-    assert stop_strings(SamplingConfig()) == closing_tags() and stop_strings(SamplingConfig(stop=["x", ""])) == ["x"]
+    assert stop_strings(SamplingConfig()) == closing_tags()
+    assert stop_strings(SamplingConfig(stop=["x", ""])) == ["x"]
 
 
 def test_a_new_file_in_the_package_registers_itself(tmp_path, monkeypatch):
@@ -45,7 +48,10 @@ def test_a_new_file_in_the_package_registers_itself(tmp_path, monkeypatch):
     try:
         from plugs_for_test import REG
 
-        assert list(REG) == ["bee", "ay"] and len(REG) == 2 and REG["ay"]() == 1 and "bee" in REG
+        assert list(REG) == ["bee", "ay"]
+        assert len(REG) == 2
+        assert REG["ay"]() == 1
+        assert "bee" in REG
         assert "cee" not in REG
         with pytest.raises(KeyError, match="unknown plug 'cee'; registered: bee, ay"):
             REG["cee"]
@@ -87,18 +93,21 @@ def test_config_error_lists_registered_names(override, needle, capsys):
         load_config(None, [override])
     assert main(["--show", "--set", override]) == 2
     err = capsys.readouterr().err  # one line, exit code 2
-    assert err.startswith(f"error: {needle}") and err.endswith("'magic'\n") and err.count("\n") == 1
+    assert err.startswith(f"error: {needle}")
+    assert err.endswith("'magic'\n")
+    assert err.count("\n") == 1
 
 
 def test_registration_modules_import_neither_torch_nor_vllm_nor_llama_cpp():
-    """The config looks engine names up, so ``ziprl.policy.engines`` must stay cheap to import."""
+    """The config looks engine (and weight transport) names up, so ``ziprl.policy.engines`` (and ``ziprl.weights``)
+    must stay cheap to import, as must the engine class's module."""
     import subprocess
 
     code = ("import sys\nfrom ziprl.config import load_config\nload_config(None, ['model.engine=vllm'])\n"
-            "from ziprl.registry import ENGINES\nprint(ENGINES.names(), ENGINES['vllm'].weight_transfer, "
+            "from ziprl.registry import ENGINES\nprint(ENGINES.names(), ENGINES['vllm'].engine_class().__name__, "
             "sorted(m for m in ('torch', 'vllm', 'llama_cpp') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    assert out == "('hf', 'vllm', 'llamacpp') vllm_nccl []\n"
+    assert out == "('hf', 'vllm', 'llamacpp') VLLMEngine []\n"
 
 
 class Echo(Tool):
@@ -122,26 +131,29 @@ def test_registering_a_tool_is_all_it_takes(monkeypatch):
     TOOLS.names()
     monkeypatch.setitem(TOOLS._entries, "echo", (5, Echo))
     monkeypatch.setitem(REWARDS._entries, "half", (5, lambda prediction, golds: 0.5))
-    assert parse_turn("<echo>abc</echo>").action == "echo" and "</echo>" in closing_tags()
+    assert parse_turn("<echo>abc</echo>").action == "echo"
+    assert "</echo>" in closing_tags()
     assert "<echo>…</echo>" in parse_turn("no tags").error
     env = SearchCompressEnv(EnvConfig(strategy="react", reward="half"), retriever=WordRetriever(PASSAGES),
                             examples=[QAExample("q", "Capital of France?", ["Paris"])])
     env.reset(seed=0)
     assert "<echo>text</echo> returns the text reversed" in env.system
     obs, *_, info = env.step("<echo>siraP</echo>")
-    assert info["action"] == "echo" and info["tool_error"] is None and "Paris" in obs
+    assert info["action"] == "echo"
+    assert info["tool_error"] is None
+    assert "Paris" in obs
     *_, info = env.step("<echo>Parïs</echo>")
     assert info["tool_error"] == "the echo tool rejected the request: ASCII only"
     _, reward, term, *_ = env.step("<answer>Lyon</answer>")
-    assert term and reward == 0.5
+    assert term
+    assert reward == 0.5
     trajs = [Trajectory("q", "q", ["x"], turns=[Turn(action="echo"), Turn(action="echo"), Turn(action="answer")])]
     assert trajectory_stats(trajs)["echoes"] == 2.0
 
 
 class Recorder(GenerationEngine):
-    """An engine that receives weight pushes itself (as vLLM does) and records what it is asked."""
+    """An engine that receives collective pushes itself (as vLLM does) and records what it is asked."""
 
-    weight_transfer = "vllm_nccl"
     tokenizer = None
 
     def __init__(self, path, dtype):
@@ -153,30 +165,50 @@ class Recorder(GenerationEngine):
     def load_weights(self, named_arrays, version):
         self.calls.append(("load", version))
 
-    def join_weight_transfer(self, addr, port, rank, world):
+    def join_weights(self, addr, port, rank, world, timeout_s, bind):
         self.calls.append(("join", addr, port, rank, world))
 
-    def receive_weight_transfer(self, metas, version):
+    def receive_weights(self, metas, version):
         self.calls.append(("receive", metas, version))
         self.version = version
+        return version
+
+    @classmethod
+    def sender_end(cls, addr, port, world, timeout_s, bind, device):
+        return SentRecorder(("open", addr, port, world))
 
 
-class GroupRecorder(Recorder):
-    weight_transfer = "ziprl_group"
+class SentRecorder:
+    """The learner's end of :class:`Recorder`'s own group: records what it is asked to send."""
+
+    def __init__(self, opened):
+        self.calls = [opened]
+
+    def send(self, version, count, buckets):
+        self.calls.append(("send", version, count, [[m.name for m in metas] for metas, _ in buckets]))
 
 
-class Sender(SendsWeights):
-    """A learner rank 0 whose only parameter is one float32 vector."""
+class GroupRecorder(GenerationEngine):
+    """An engine with the receiver's defaults (ZipRL's own group), as HFEngine has."""
 
-    def __init__(self, cfg):
-        import torch
+    tokenizer = None
 
-        self.cfg, self.tensor = cfg, torch.arange(4, dtype=torch.float32)
+    def __init__(self, path, dtype):
+        self.calls = []
 
-    def weight_source(self):
-        import contextlib
+    def generate(self, prompts, sampling, seed=None):
+        return []
 
-        return WeightSource([("w", self.tensor)], lambda ps: contextlib.nullcontext(), "cpu", 0, False, 3)
+    def load_weights(self, named_arrays, version):
+        self.calls.append(("load", version))
+
+
+def learner_weights(receiver):
+    """A learner rank 0 whose only parameter is one float32 vector, for ``receiver`` engines in bf16."""
+    import torch
+
+    return LearnerWeights([("w", torch.arange(4, dtype=torch.float32))], lambda ps: contextlib.nullcontext(), "cpu",
+                          0, False, "bfloat16", receiver)
 
 
 def register(monkeypatch, cls, cpu=False):
@@ -188,41 +220,54 @@ def register(monkeypatch, cls, cpu=False):
 
 def test_registering_an_engine_is_all_it_takes(tmp_path, monkeypatch):
     """The config accepts it (with its CPU rule), make_engine builds it, the trainer and both ends of a
-    collective weight push follow its spec."""
+    collective weight push follow the engine class."""
     register(monkeypatch, Recorder)
     with pytest.raises(ConfigError, match=re.escape("model.engine=recorder runs on CUDA only: set model.device="
                                                     "auto (or cuda), or model.engine=hf | llamacpp for the CPU")):
         load_config(None, ["model.engine=recorder", "model.device=cpu"])
     cfg = load_config(None, ["model.engine=recorder", "model.dtype=bfloat16", "model.num_threads=0"])
     engine = make_engine(cfg.model, tmp_path)
-    assert type(engine) is Recorder and engine.path == tmp_path and engine.dtype == "bfloat16"
-    assert rollout_matches_learner(cfg, bf16=False) and not rollout_matches_learner(cfg, bf16=True)
+    assert type(engine) is Recorder
+    assert engine.path == tmp_path
+    assert engine.dtype == "bfloat16"
+    assert rollout_matches_learner(cfg, bf16=False)
+    assert not rollout_matches_learner(cfg, bf16=True)
 
-    receiver = WeightReceiver(engine)  # the engine's own receiving end, no ZipRL group
-    receiver.join("127.0.0.1", 29500, 1, 2, 5.0, "127.0.0.1")
-    assert receiver.member is None and engine.calls == [("join", "127.0.0.1", 29500, 1, 2)]
-    assert receiver.receive([("w", "bfloat16", [4])], 7) == 7
-    assert engine.calls[-1] == ("receive", [("w", "bfloat16", [4])], 7)
+    transport = TRANSPORTS["collective"](1.0)
+    weights = learner_weights(ENGINES["recorder"].engine_class())
+    end = transport.join(weights, "127.0.0.1", 29500, 2, 5.0, "127.0.0.1")  # the engine class's own sender end
+    engine.join_weights("127.0.0.1", 29500, 1, 2, 5.0, "127.0.0.1")
+    plan = transport.announce(weights, 7, None)
+    assert transport.receive(engine, plan, None) == 7
+    transport.send(weights, 7, end)
+    assert engine.calls == [("join", "127.0.0.1", 29500, 1, 2), ("receive", [("w", "bfloat16", [4])], 7)]
+    assert end.calls == [("open", "127.0.0.1", 29500, 2), ("send", 7, 1, [["w"]])]
 
-    opened = []  # the learner opens vLLM's communicator and broadcasts tensor by tensor
+
+def test_the_learner_end_of_vllm_broadcasts_tensor_by_tensor(monkeypatch):
+    """VLLMEngine's sender end opens vLLM's communicator and sends each tensor unpacked, in the announced order."""
+    from ziprl.policy import VLLMEngine
+
+    opened = []
     comm = types.SimpleNamespace(broadcast=lambda t, src, stream: opened.append(("broadcast", t.tolist())))
     nccl = types.SimpleNamespace(trainer_init=lambda info: opened.append(("init", info)) or comm)
     monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer.nccl_common", nccl)
     monkeypatch.setattr("torch.cuda.current_stream", lambda: None)
-    sender = Sender(cfg)
-    sender.join_weight_group("127.0.0.1", 29500, 2, 5.0, "127.0.0.1")
-    assert sender.broadcast_weights(7) == 64  # one bucket: 4 bf16 values padded to 64 bytes
+    transport, weights = TRANSPORTS["collective"](1.0), learner_weights(VLLMEngine)
+    end = transport.join(weights, "127.0.0.1", 29500, 2, 5.0, "127.0.0.1")
+    transport.send(weights, 7, end)
     assert opened == [("init", {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}),
                       ("broadcast", [0.0, 1.0, 2.0, 3.0])]
+    assert transport.join(dataclasses.replace(weights, rank=1), "127.0.0.1", 29500, 2, 5.0, "127.0.0.1") is None
 
 
 def test_an_engine_on_the_ziprl_group_needs_the_group(tmp_path, monkeypatch):
     register(monkeypatch, GroupRecorder, cpu=True)
     cfg = load_config(None, ["model.engine=recorder", "model.device=cpu"])
     engine = make_engine(cfg.model, tmp_path)
-    assert ENGINES["recorder"].weight_transfer == "ziprl_group" and not Sender(cfg)._vllm_nccl()
-    with pytest.raises(RuntimeError, match="no member of the group"):
-        WeightReceiver(engine).receive([("w", "float32", [4])], 7)
+    plan = TRANSPORTS["collective"](1.0).announce(learner_weights(GroupRecorder), 7, None)
+    with pytest.raises(RuntimeError, match="no member of the weight group"):
+        TRANSPORTS["collective"](1.0).receive(engine, plan, None)
     assert engine.calls == []
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.test_trainer import make_cfg, requires_deepspeed
+from tests.learner.test_trainer import make_cfg, requires_deepspeed
 from ziprl.cli import launch, train
 from ziprl.learner.checkpoint import clean_orphans, latest_checkpoint, save_checkpoint, verify_checkpoint
 from ziprl.outputs import MARKER, OutputError, read_marker
@@ -49,8 +49,10 @@ def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
         old.append(save_checkpoint(trainer, tmp_path, {"run": "a"}, keep=2))
     trainer.global_step = 1
     new = save_checkpoint(trainer, tmp_path, {"run": "b"}, keep=2)
-    assert latest_checkpoint(tmp_path) == new and verify_checkpoint(new)  # `latest` names a complete checkpoint
-    assert new not in old and old[2].is_dir()  # names never collide; the newest-written are kept
+    assert latest_checkpoint(tmp_path) == new
+    assert verify_checkpoint(new)  # `latest` names a complete checkpoint
+    assert new not in old
+    assert old[2].is_dir()  # names never collide; the newest-written are kept
     assert json.loads((new / "state.json").read_text())["data_position"] == {"run": "b"}
     assert json.loads((old[2] / "state.json").read_text())["data_position"] == {"run": "a"}
 
@@ -59,12 +61,14 @@ def test_a_second_run_in_the_same_dir_loses_nothing(trainer, tmp_path):
 def test_a_non_empty_dir_needs_resume_or_overwrite(run_dir, tmp_path):
     with pytest.raises(OutputError, match="--resume to continue it if an older ZipRL run wrote it"):
         prepare_run_dir(run_dir, resume=False, overwrite=False)
-    assert prepare_run_dir(tmp_path / "new", resume=False, overwrite=False) is None and (tmp_path / "new").is_dir()
+    assert prepare_run_dir(tmp_path / "new", resume=False, overwrite=False) is None
+    assert (tmp_path / "new").is_dir()
     out = copy_run(run_dir, tmp_path)
     (out / MARKER).write_text('{"format": 1}')
     with pytest.raises(OutputError, match="--resume to continue.*--overwrite"):  # marked: both fixes are offered
         prepare_run_dir(out, resume=False, overwrite=False)
-    assert prepare_run_dir(out, resume=False, overwrite=True) is None and [p.name for p in out.iterdir()] == [MARKER]
+    assert prepare_run_dir(out, resume=False, overwrite=True) is None
+    assert [p.name for p in out.iterdir()] == [MARKER]
     with pytest.raises(OutputError, match="contradict"):
         prepare_run_dir(out, resume=True, overwrite=True)
 
@@ -116,7 +120,8 @@ def test_a_resumed_run_keeps_the_old_config(tmp_path):
     first = write_config(tmp_path, {"lr": 1})
     assert write_config(tmp_path, {"lr": 1}) == first  # same config: same file
     second = write_config(tmp_path, {"lr": 2})
-    assert second != first and json.loads(first.read_text()) == {"lr": 1}
+    assert second != first
+    assert json.loads(first.read_text()) == {"lr": 1}
     assert json.loads(second.read_text()) == {"lr": 2}
 
 
@@ -196,7 +201,9 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(main, away, capsys, no_
     before = snapshot(proj)
     assert main(["--out", str(proj), "--overwrite"]) == 2
     err = capsys.readouterr().err
-    assert f"no {MARKER} marker" in err and ".git" in err and "delete it yourself" in err, err
+    assert f"no {MARKER} marker" in err, err
+    assert ".git" in err, err
+    assert "delete it yourself" in err, err
     assert snapshot(proj) == before
 
 
@@ -214,7 +221,8 @@ def test_overwrite_replaces_a_marked_run(away):
     assert "command" in json.loads((run / MARKER).read_text())  # the marker says what made the run
     assert prepare_run_dir(run, resume=False, overwrite=True, command="again") is None
     assert [p.name for p in run.iterdir()] == [MARKER]
-    assert read_marker(run)["command"] == "again" and read_marker(run)["format"] == 1
+    assert read_marker(run)["command"] == "again"
+    assert read_marker(run)["format"] == 1
 
 
 @pytest.mark.parametrize("where", ["tb", "checkpoints/step_1-abcd1234/extra"])
@@ -231,14 +239,16 @@ def test_overwrite_never_follows_a_symlink_out_of_the_run(where, away):
     before, outside_before = snapshot(run), snapshot(outside)
     with pytest.raises(OutputError, match=f"holds links \\({where}\\)"):
         prepare_run_dir(run, resume=False, overwrite=True)
-    assert snapshot(outside) == outside_before and snapshot(run) == before
+    assert snapshot(outside) == outside_before
+    assert snapshot(run) == before
 
 
 def test_out_may_be_a_symlink_to_a_marked_run(away):
     run = marked_run(away / "run")
     (away / "link").symlink_to(run, target_is_directory=True)
     assert prepare_run_dir(away / "link", resume=False, overwrite=True) is None
-    assert (away / "link").is_symlink() and [p.name for p in run.iterdir()] == [MARKER]
+    assert (away / "link").is_symlink()
+    assert [p.name for p in run.iterdir()] == [MARKER]
     proj = checkout(away / "project")
     (away / "plink").symlink_to(proj, target_is_directory=True)
     before = snapshot(proj)
@@ -251,7 +261,9 @@ def test_a_fresh_run_is_marked_and_a_bare_marker_is_no_run(away):
     out = away / "fresh"
     assert prepare_run_dir(out, resume=False, overwrite=False) is None
     marker = read_marker(out)
-    assert marker["format"] == 1 and marker["created"] and isinstance(marker["command"], str)
+    assert marker["format"] == 1
+    assert marker["created"]
+    assert isinstance(marker["command"], str)
     assert prepare_run_dir(out, resume=False, overwrite=False) is None  # a run that wrote nothing: reused
 
 

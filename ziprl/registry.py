@@ -1,6 +1,6 @@
 """Extension points: context strategies, tools, outcome rewards, generation engines, advantage estimators, policy
-losses (and their normalisations) and named datasets register themselves by name (as verl registers its advantage
-estimators).
+losses (and their normalisations), weight transports and named datasets register themselves by name (as verl
+registers its advantage estimators).
 
 Each registry owns a package; the first lookup imports every module of that package (found with pkgutil),
 and each module registers its entry with a decorator, e.g. ``@STRATEGIES.register("window")``. Adding one is one
@@ -81,6 +81,7 @@ STRATEGIES = Registry("context strategy", "ziprl.env.strategies")
 TOOLS = Registry("tool", "ziprl.env.tools")
 REWARDS = Registry("outcome reward", "ziprl.scoring.rewards")
 ENGINES = Registry("generation engine", "ziprl.policy.engines")
+TRANSPORTS = Registry("weight transport", "ziprl.weights")  # weights.transport
 ADVANTAGES = Registry("advantage estimator", "ziprl.learner.advantages")
 LOSSES = Registry("policy loss", "ziprl.learner.losses")
 LOSS_NORMS = Registry("loss normalisation", "ziprl.learner.losses")  # shares the losses' package

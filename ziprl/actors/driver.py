@@ -2,7 +2,7 @@
 
 :func:`ziprl.loop.training.train_loop` runs unchanged on top: :class:`RaySource` runs each scheduled job as one
 ``run_batch`` call on a rollout actor (one call in flight per actor); the weight push is the configured
-:class:`~ziprl.actors.weight_sync.WeightSync`, which every actor applies before its next job; :class:`RayLearner`
+:class:`~ziprl.actors.weight_sender.RaySender`, which every actor applies before its next job; :class:`RayLearner`
 forwards steps and checkpoints to the learner ranks. A rollout actor that dies is restarted by Ray; its job comes
 back failed and the scheduler re-runs it (nothing half-counted).
 """
@@ -22,9 +22,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayError
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import cpu_threads
 from ziprl.actors.rollout_actor import RolloutActor, example_dicts
-from ziprl.actors.weight_sync import WeightSync
+from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ConfigError, ZipRLConfig
-from ziprl.env.trajectory import Trajectory, from_table, to_table
+from ziprl.env.group import Group, from_arrow, to_arrow
 from ziprl.loop.source import Completion
 from ziprl.retrieval.types import QAExample
 
@@ -78,10 +78,9 @@ class RayLearner:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
-                   ) -> dict[str, float]:
+    def train_step(self, groups: list[Group], rollouts_idle: Callable[[], bool] | None = None) -> dict[str, float]:
         idle = (self.idle_threads, rollouts_idle) if self.idle_threads and rollouts_idle is not None else None
-        learn = self.group.call("train_step", ray.put([to_table(trajectories)]), idle)  # one copy for all ranks
+        learn = self.group.call("train_step", ray.put([to_arrow(groups)]), idle)  # one copy for all ranks
         self._version = int(learn["policy_version"])
         return learn
 
@@ -119,12 +118,12 @@ class RefsFinished:
 class RaySource:
     """Rollout actors running one job each (``rollout.batch_questions`` questions).
 
-    ``weights`` is the run's weight push: a job is handed what it must load first (:meth:`WeightSync.for_job`),
+    ``weights`` is the run's weight push: a job is handed what it must load first (:meth:`RaySender.for_job`),
     so a job submitted after a push never runs on older weights, and an actor Ray restarted rejoins it.
     """
 
-    def __init__(self, cfg: ZipRLConfig, actors: list[Any], weights: WeightSync):
-        self.cfg, self.actors, self.weights = cfg, actors, weights
+    def __init__(self, cfg: ZipRLConfig, actors: list[Any], weights: RaySender):
+        self.actors, self.weights = actors, weights
         self.num_workers = len(self.actors)
         self.questions_per_call = cfg.rollout.batch_questions
         self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # run_batch result -> (ticket, worker)
@@ -137,7 +136,7 @@ class RaySource:
         ready, rest = ray.wait(list(self._calls), num_returns=1)
         if rest:  # everything else that has finished too
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        out, g = [], self.cfg.rollout.group_size
+        out = []
         for ref in ready:
             ticket, worker = self._calls.pop(ref)
             try:
@@ -151,8 +150,7 @@ class RaySource:
                     error = str(again).strip().splitlines()[-1][:500]
                 out.append(Completion(ticket, None, error=error))
                 continue
-            trajs = from_table(table)
-            out.append(Completion(ticket, [trajs[i:i + g] for i in range(0, len(trajs), g)], stats))
+            out.append(Completion(ticket, from_arrow(table), stats))
         return out
 
     def idle_probe(self) -> RefsFinished:

@@ -21,7 +21,7 @@ from ziprl.actors.driver import RayLearner, RaySource, check_resources, start_ro
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.ray_utils import cpu_threads, init_ray
 from ziprl.actors.serve_retriever import deploy_retriever
-from ziprl.actors.weight_sync import make_weight_sync
+from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
 from ziprl.env.demos import build_demos
 from ziprl.learner.checkpoint import resumed_learner
@@ -138,7 +138,7 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
         actors = start_rollout_actors(cfg, model, retriever)
         ray.get(building)
         print(f"[launch] the rollout engines generate in {cfg.model.dtype}", flush=True)
-        push = make_weight_sync(cfg, group, actors)
+        push = RaySender(cfg, group, actors)
         source = RaySource(cfg, actors, push)
         share = local_core_share(cfg)
         idle_threads = cpu_threads(share) if share and not cfg.ray.learner_gpus else None

@@ -25,14 +25,15 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ziprl.actors.ray_utils import cpu_threads
-from ziprl.actors.weight_sync import SendsWeights, WeightSource
 from ziprl.config import ConfigError, ZipRLConfig, from_dict, resolve_engine_dtype
-from ziprl.env.trajectory import from_table
+from ziprl.env.group import from_arrow
+from ziprl.registry import ENGINES
+from ziprl.weights import LearnerWeights, Transport
 
 PLACEMENT_TIMEOUT_S = 300
 
 
-class LearnerWorker(SendsWeights):
+class LearnerWorker:
     """One learner rank (a plain Python body; :data:`LearnerActor` is its Ray actor)."""
 
     def __init__(self, cfg: dict[str, Any], num_threads: int = 1):
@@ -43,6 +44,7 @@ class LearnerWorker(SendsWeights):
         self.trainer = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")  # background checkpoint writes
         self._writing: Future | None = None
+        self.weights_end: Any = None  # rank 0's end of a grouped transport's weight group
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
@@ -121,7 +123,7 @@ class LearnerWorker(SendsWeights):
             wide[0] += 1
 
         try:
-            stats = self.trainer.train_step([t for table in tables for t in from_table(table)],
+            stats = self.trainer.train_step([g for table in tables for g in from_arrow(table)],
                                             before_compute if idle is not None else None)
             ran_on = torch.get_num_threads()
         finally:
@@ -129,13 +131,32 @@ class LearnerWorker(SendsWeights):
         return {**stats, "cpu_threads": float(ran_on), "idle_core_phases": float(wide[0]),
                 "rss_peak_mb": peak_rss_mb()}
 
-    def weight_source(self) -> WeightSource:
-        """The policy's parameters for :class:`~ziprl.actors.weight_sync.SendsWeights` (ZeRO-3: gathered per bucket)."""
+    def learner_weights(self) -> LearnerWeights:
+        """The policy's parameters as a weight transport reads them (ZeRO-3: gathered per bucket), for the engines of
+        ``model.engine`` in ``model.dtype`` (resolved by :meth:`build_trainer`)."""
         from ziprl.learner.distributed import rank
 
         t = self.trainer
-        return WeightSource(list(t.engine.module.named_parameters()), lambda ps: t.gathered(params=ps), t.device,
-                            rank(), t.zero_stage == 3, t.policy_version)
+        return LearnerWeights(list(t.engine.module.named_parameters()), lambda ps: t.gathered(params=ps), t.device,
+                              rank(), t.zero_stage == 3, self.cfg.model.dtype,
+                              ENGINES[self.cfg.model.engine].engine_class())
+
+    def join_weights(self, transport: Transport, addr: str, port: int, world: int, timeout_s: float, bind: str
+                     ) -> None:
+        """Join a grouped transport's weight group (rank 0 hosts the rendezvous; other ranks: nothing)."""
+        self.weights_end = None
+        self.weights_end = transport.join(self.learner_weights(), addr, port, world, timeout_s, bind)
+
+    def announce_weights(self, transport: Transport, version: int) -> Any:
+        """The first half of a push of the current weights as ``version``: what every engine is handed."""
+        return transport.announce(self.learner_weights(), version, ray)
+
+    def send_weights(self, transport: Transport, version: int) -> None:
+        """The second half, once every engine has the announcement."""
+        transport.send(self.learner_weights(), version, self.weights_end)
+
+    def leave_weights(self) -> None:
+        self.weights_end = None
 
     def save_checkpoint(self, out_dir: str, data_position: dict[str, Any], background: bool = False) -> str:
         """Checkpoint the trainer; returns the checkpoint's path. With ``background`` (and ``run.background_checkpoints``

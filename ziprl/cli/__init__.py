@@ -12,7 +12,8 @@ library code) or as ``python -m ziprl.cli.<module>``:
 | ``python -m ziprl.demos`` | :mod:`ziprl.cli.demos` | write scripted-teacher demonstrations for cold-start SFT |
 | ``python -m ziprl.sft`` | :mod:`ziprl.cli.sft` | cold-start SFT on a demonstrations file |
 | ``python -m ziprl.watch_teacher`` | :mod:`ziprl.cli.watch_teacher` | print scripted-teacher episodes turn by turn |
-| ``python -m ziprl.view`` | :mod:`ziprl.cli.view` | browse trajectories in a web page |
 
-Nothing in the library imports a command.
+Nothing in the library imports a command. Two commands live with their packages, which need nothing above them:
+``python -m ziprl.view`` (:mod:`ziprl.view.command`, the trajectory viewer) and ``python -m ziprl.config --show``
+(:mod:`ziprl.config.show`).
 """

@@ -18,10 +18,11 @@ import sys
 
 from ziprl.boundary import run_command
 from ziprl.cli.common import check_inputs, command_line, overrides
-from ziprl.config import STRATEGIES, ConfigError, load_config
+from ziprl.config import ConfigError, load_config
 from ziprl.evaluation.harness import evaluate, is_eval_entry
 from ziprl.evaluation.noise import noise_sweep, parse_noise_levels
 from ziprl.outputs import claim_dir, plan_dir
+from ziprl.registry import STRATEGIES
 
 
 @run_command

@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 
 from ziprl.boundary import run_command
-from ziprl.config import STRATEGIES, ConfigError, EnvConfig, ScoringConfig
+from ziprl.config import ConfigError, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
+from ziprl.registry import STRATEGIES
 
 
 @run_command

@@ -1,6 +1,6 @@
 """Short spans read off text, never off the gold answer: a question's capitalised phrases (queries worth searching)
 and candidate answer spans of the observations (dates, capitalised phrases, numbers). The tools' candidate actions
-for the tokenized env (:mod:`ziprl.env.tokenized`) use them."""
+for the tokenized env (:mod:`ziprl.integrations.rllib`) use them."""
 
 from __future__ import annotations
 

@@ -114,11 +114,16 @@ def save_trajectories(trajectories: list[Trajectory], path: str | Path) -> Path:
     return path
 
 
-def load_trajectories(path: str | Path) -> list[Trajectory]:
+def read_trajectory_table(path: str | Path) -> pa.Table:
+    """A trajectory file's table, checked to be one (:func:`readable`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trajectory file {path} does not exist")
     table = pq.read_table(path)
     if not readable(table.schema):
         raise ValueError(f"{path} is not a ZipRL trajectory file (schema differs: {table.schema.names})")
-    return from_table(table)
+    return table
+
+
+def load_trajectories(path: str | Path) -> list[Trajectory]:
+    return from_table(read_trajectory_table(path))

@@ -27,7 +27,7 @@ from typing import Any
 from ziprl.config import SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, save_trajectories
-from ziprl.policy.hf_engine import HFEngine
+from ziprl.policy.engines.hf.engine import HFEngine
 from ziprl.policy.rollout import rollout
 from ziprl.retrieval.types import QAExample
 

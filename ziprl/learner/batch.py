@@ -143,19 +143,19 @@ def build_rows(
     return rows
 
 
-def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False, prefix_len: int | None = None
-            ) -> MicroBatch:
-    """Pad rows into one MicroBatch: each row from column 0, padding on the right; with ``share_prefix`` the rows'
-    common leading tokens are marked to run once, or the first ``prefix_len`` (a prefix shared wider than these rows,
-    e.g. by a whole step: :class:`~ziprl.learner.prefix.StepPrefix`)."""
-    prompts = [r.input_ids[: r.response_start] for r in rows] if share_prefix else []
-    if not share_prefix:
-        s = 0
-    elif prefix_len is None:
-        s = shared_prefix_len(prompts)
-    elif all(len(p) > prefix_len and p[:prefix_len] == prompts[0][:prefix_len] for p in prompts):
-        s = prefix_len
-    else:
+def shared_prompt_len(rows: Sequence[TurnRow]) -> int:
+    """How many leading prompt tokens all ``rows`` share, each keeping one of its own (0 for one row): what a
+    micro-batch of them can run once (:func:`~ziprl.policy.kv.shared_prefix_len`)."""
+    return shared_prefix_len([r.input_ids[: r.response_start] for r in rows])
+
+
+def collate(rows: Sequence[TurnRow], pad_id: int, prefix_len: int = 0) -> MicroBatch:
+    """Pad rows into one MicroBatch: each row from column 0, padding on the right; its first ``prefix_len`` columns,
+    the same tokens in every row's prompt, are marked to run once (found by the caller, once:
+    :func:`shared_prompt_len`, or a prefix shared wider than these rows, e.g. by a whole step:
+    :class:`~ziprl.learner.prefix.StepPrefix`)."""
+    head = rows[0].input_ids[:prefix_len]
+    if prefix_len and not all(r.response_start > prefix_len and r.input_ids[:prefix_len] == head for r in rows):
         raise ValueError(f"prefix_len {prefix_len}: the rows' prompts do not all start with the same {prefix_len} "
                          "tokens and go on past them")
     b, t = len(rows), max(len(r.input_ids) for r in rows)
@@ -171,7 +171,7 @@ def collate(rows: Sequence[TurnRow], pad_id: int, share_prefix: bool = False, pr
         adv[k, p:n] = r.advantage
         weight[k, p:n] = r.weight
     return MicroBatch(ids, attn, loss_mask, old_logp, adv, weight, tuple(r.response_start for r in rows),
-                      tuple(len(r.input_ids) for r in rows), s)
+                      tuple(len(r.input_ids) for r in rows), prefix_len)
 
 
 def micro_batch_bounds(lengths: Sequence[int], micro_batch_size: int, max_tokens: int = 0) -> list[tuple[int, int]]:
@@ -235,9 +235,10 @@ def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: int,
                        share_prefix: bool = False) -> list[MicroBatch]:
-    """Consecutive groups of ``micro_batch_size`` rows (:func:`micro_batch_bounds`), each padded to its longest."""
+    """Consecutive groups of ``micro_batch_size`` rows (:func:`micro_batch_bounds`), each padded to its longest; with
+    ``share_prefix`` each runs the prompt tokens its rows share once."""
     bounds = micro_batch_bounds([len(r.input_ids) for r in rows], micro_batch_size)
-    return [collate(rows[s:e], pad_id, share_prefix) for s, e in bounds]
+    return [collate(rows[s:e], pad_id, shared_prompt_len(rows[s:e]) if share_prefix else 0) for s, e in bounds]
 
 
 def computed_tokens(batch: MicroBatch) -> int:

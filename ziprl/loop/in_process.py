@@ -7,11 +7,9 @@ torch, the model and the data load when :func:`train` runs.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ziprl.config import ZipRLConfig, check_top_k, resolve_engine_dtype
 from ziprl.env.search_env import SearchCompressEnv
@@ -41,8 +39,7 @@ class InProcessSource:
     def wait(self) -> list[Completion]:
         ticket, examples, seed = self._jobs.popleft()
         tokens, secs = self.engine.tokens_generated, self.engine.generation_seconds
-        groups = rollout_groups(self.engine, self.make_env, examples, self.cfg.sampling, self.cfg.rollout.group_size,
-                                seed)
+        groups = rollout_groups(self.engine, self.make_env, examples, self.cfg, seed)
         return [Completion(ticket, groups, job_stats(self.engine, tokens, secs))]
 
     def idle_probe(self) -> Callable[[], bool]:
@@ -57,23 +54,6 @@ def nothing_runs() -> bool:
     return True
 
 
-class InProcessPush:
-    """The weight push into this process's engine: ``weights(device, dtype)`` (the learner's name -> tensor, copied
-    where and as the engine takes them: on its GPU, in its dtype, no host round trip) -> ``load_weights``."""
-
-    def __init__(self, weights: Callable[[str, str], dict[str, Any]], engine: GenerationEngine):
-        self.weights, self.engine = weights, engine
-
-    def push(self, version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        arrays = self.weights(self.engine.weights_device, self.engine.weights_dtype)
-        self.engine.load_weights(arrays, version)
-        return {"seconds": time.perf_counter() - t0, "bytes": float(sum(a.nbytes for a in arrays.values()))}
-
-    def close(self) -> None:
-        """Nothing to release: the engine belongs to the caller."""
-
-
 def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     """Run ``cfg.learner.steps`` GRPO + HRR steps in this process; returns the last step's metrics."""
     from ziprl.learner.checkpoint import resumed_learner
@@ -84,6 +64,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     from ziprl.retrieval.datasets import load_questions, retriever_config_for
     from ziprl.retrieval.retriever import Retriever
     from ziprl.tb import MetricsLogger
+    from ziprl.weights.in_process import InProcess
 
     cfg = resumed_learner(cfg)  # a resumed run computes in the dtype it was written in
     model_path = Path(cfg.run.sft_checkpoint) if cfg.run.sft_checkpoint else resolve_model_path(cfg.model)
@@ -93,7 +74,7 @@ def train(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
     trainer = Trainer(cfg, model_path)
     engine = make_engine(resolve_engine_dtype(cfg.model, trainer.bf16), model_path)
     source = InProcessSource(cfg, engine, lambda: SearchCompressEnv(cfg.env, retriever=retriever, examples=examples))
-    push = InProcessPush(trainer.named_weights, engine)
+    push = InProcess(trainer.named_weights, engine)
     logger = MetricsLogger(cfg.run.out_dir)
     try:
         return train_loop(cfg, LocalLearner(trainer), source, push, QuestionStream(examples, cfg.data.seed), logger,

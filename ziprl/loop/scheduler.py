@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ziprl.config import ConfigError
+from ziprl.env.group import Group
 from ziprl.loop.capacity import capacity, is_fresh, lag
-from ziprl.loop.source import Completion, Group, RolloutSource
+from ziprl.loop.source import Completion, RolloutSource
 from ziprl.loop.stream import QuestionStream
 from ziprl.retrieval.types import QAExample
 
@@ -222,10 +223,12 @@ class RolloutScheduler:
                                    f"time{': ' + c.error if c.error else ''}); see the rollout actors' logs")
             self._retry.appendleft((job.examples, job.seed, job.failures + 1))
             return
-        if len(c.groups) != len(job.examples):
-            raise RuntimeError(f"a rollout job for {len(job.examples)} questions returned {len(c.groups)} groups")
+        asked, got = [e.id for e in job.examples], [g.question_id for g in c.groups]
+        if got != asked:
+            raise RuntimeError(f"a rollout job for questions {asked[:3]} ({len(asked)}) returned groups of {got[:3]} "
+                               f"({len(got)}): one group per question, in order")
         for ex, group in zip(job.examples, c.groups, strict=True):
-            version = min(t.policy_version for t in group)
+            version = group.version
             if version < job.version:
                 raise RuntimeError(f"a job submitted at policy version {job.version} returned a group of version "
                                    f"{version}: the rollout source must apply pushed weights before the next job")
@@ -247,7 +250,7 @@ class RolloutScheduler:
                 keep.append(item)
             else:
                 self.counters["groups_dropped_stale"] += 1
-                self.dropped.append(item[1][0].group_id)
+                self.dropped.append(item[1].id)
         self._buffer = keep
 
     def _ready(self, top_up: bool = False) -> tuple[list[Group], int] | None:
@@ -291,4 +294,4 @@ class RolloutScheduler:
 
     def lags(self, groups: list[Group]) -> list[int]:
         """Lag of each group against the current learner version."""
-        return [lag(min(t.policy_version for t in g), self.version) for g in groups]
+        return [lag(g.version, self.version) for g in groups]

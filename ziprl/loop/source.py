@@ -1,7 +1,7 @@
 """Rollout sources: what the training loop's scheduler submits rollout jobs to, and what a finished job reports.
 
 A source runs jobs (G trajectories for each of a few questions) on ``num_workers`` workers and reports them
-as :class:`Completion`s; it never moves weights (the loop's :class:`~ziprl.loop.push.WeightPush` does).
+as :class:`Completion`s; it never moves weights (the loop's :class:`~ziprl.weights.WeightSender` does).
 :class:`ziprl.loop.in_process.InProcessSource` is the one ``ziprl.train`` uses (one worker: this process's
 engine); ``ziprl.actors.driver.RaySource`` runs the same jobs on Ray rollout actors, which report
 :func:`job_stats`.
@@ -14,11 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ziprl.env.trajectory import Trajectory
+from ziprl.env.group import Group
 from ziprl.policy.engine import GenerationEngine
 from ziprl.retrieval.types import QAExample
-
-Group = list[Trajectory]
 
 
 @dataclass
@@ -38,7 +36,7 @@ class RolloutSource(Protocol):
     questions_per_call: int
 
     def submit(self, worker: int, ticket: int, examples: list[QAExample], seed: int) -> None:
-        """Start a job on an idle worker: ``rollout.group_size`` trajectories per question, seeded by ``seed``."""
+        """Start a job on an idle worker: one group per question (formed by ``rollout_groups``), seeded by ``seed``."""
 
     def wait(self) -> list[Completion]:
         """Block until at least one submitted job has finished (or failed); return every finished one."""

@@ -30,12 +30,12 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from ziprl.config import ConfigError, ZipRLConfig
+from ziprl.env.group import Group, save_groups
 from ziprl.env.stats import trajectory_stats
-from ziprl.env.trajectory import Trajectory, save_trajectories
-from ziprl.loop.push import WeightPush
 from ziprl.loop.scheduler import RolloutScheduler
-from ziprl.loop.source import Group, RolloutSource, peak_rss_mb
+from ziprl.loop.source import RolloutSource, peak_rss_mb
 from ziprl.loop.stream import QuestionStream
+from ziprl.weights import WeightSender
 
 
 class Learner(Protocol):
@@ -44,10 +44,10 @@ class Learner(Protocol):
     @property
     def version(self) -> int: ...
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
-                   ) -> dict[str, float]:
-        """One optimiser step; ``rollouts_idle`` (picklable) turns true once no rollout runs any more: a learner
-        sharing cores with the rollout workers may then take theirs, for the rest of the step."""
+    def train_step(self, groups: list[Group], rollouts_idle: Callable[[], bool] | None = None) -> dict[str, float]:
+        """One optimiser step on ``groups`` (as the rollout formed them); ``rollouts_idle`` (picklable) turns true
+        once no rollout runs any more: a learner sharing cores with the rollout workers may then take theirs, for the
+        rest of the step."""
         ...
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
@@ -68,10 +68,9 @@ class LocalLearner:
     def version(self) -> int:
         return self.trainer.policy_version
 
-    def train_step(self, trajectories: list[Trajectory], rollouts_idle: Callable[[], bool] | None = None
-                   ) -> dict[str, float]:
+    def train_step(self, groups: list[Group], rollouts_idle: Callable[[], bool] | None = None) -> dict[str, float]:
         # generation runs in this process too, never beside the step: its threads are already the process's
-        return {**self.trainer.train_step(trajectories), "rss_peak_mb": peak_rss_mb()}
+        return {**self.trainer.train_step(groups), "rss_peak_mb": peak_rss_mb()}
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
         from ziprl.learner.checkpoint import save_checkpoint
@@ -86,11 +85,11 @@ class LocalLearner:
         return None if ckpt is None else load_checkpoint(self.trainer, ckpt)
 
 
-def step_metrics(trajs: list[Trajectory], learn: dict[str, float], system: dict[str, float], lags: list[int],
+def step_metrics(groups: list[Group], learn: dict[str, float], system: dict[str, float], lags: list[int],
                  max_staleness: int, timings: dict[str, float], push: dict[str, float]) -> dict[str, float]:
     """Everything logged for one step: rollout/*, learner/*, perf/* and system/* scalars."""
     hist = Counter(lags)
-    return {**{f"rollout/{k}": v for k, v in trajectory_stats(trajs).items()},
+    return {**{f"rollout/{k}": v for k, v in trajectory_stats([t for g in groups for t in g]).items()},
             **{f"learner/{k}": v for k, v in learn.items()},
             "perf/gen_tokens_per_second": system["gen_tokens"] / max(system["gen_seconds"], 1e-9),
             "perf/weight_push_seconds": push["seconds"], "perf/weight_push_bytes": push["bytes"],
@@ -107,7 +106,7 @@ def has_variance(group: Group, metric: str) -> bool:
     return max(values) > min(values)
 
 
-def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: WeightPush, stream: QuestionStream,
+def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: WeightSender, stream: QuestionStream,
                logger: Any, progress: bool = True) -> dict[str, float]:
     """Train until ``cfg.learner.steps`` policy versions (resuming first when ``cfg.run.resume``); last metrics."""
     out = Path(cfg.run.out_dir)
@@ -136,25 +135,24 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     return metrics
 
 
-def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutScheduler, logger: Any,
+def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: RolloutScheduler, logger: Any,
            bar: tqdm, out: Path) -> dict[str, float]:
     metrics: dict[str, float] = {}
     version, t_step = learner.version, time.perf_counter()
     while version < cfg.learner.steps:
         groups = sched.next_batch()
         lags = sched.lags(groups)
-        trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        learn = learner.train_step(trajs, rollouts_idle=sched.idle_probe())
+        learn = learner.train_step(groups, rollouts_idle=sched.idle_probe())
         t1 = time.perf_counter()
         version = learner.version
         pushed = push.push(version)
         sched.advance(version)
         t2 = time.perf_counter()
-        save_trajectories(trajs, out / "trajectories" / f"step_{version:06d}.parquet")
-        dropped = [t for g in sched.take_zero_variance() for t in g]
+        save_groups(groups, out / "trajectories" / f"step_{version:06d}.parquet")
+        dropped = sched.take_zero_variance()
         if dropped:
-            save_trajectories(dropped, out / "trajectories" / "dropped" / f"step_{version:06d}.parquet")
+            save_groups(dropped, out / "trajectories" / "dropped" / f"step_{version:06d}.parquet")
         if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
             # written beside the next step; the run's last checkpoint is whole before the loop returns
             learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
@@ -162,7 +160,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightPush, sched: RolloutS
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()
-        metrics = step_metrics(trajs, learn, system, lags, cfg.ray.max_staleness, timings, pushed)
+        metrics = step_metrics(groups, learn, system, lags, cfg.ray.max_staleness, timings, pushed)
         if cfg.rollout.dynamic_sampling:
             metrics.update(_sampling_metrics(sched.sampling, cfg, version))
         logger.log(version, metrics)

@@ -35,7 +35,7 @@ __all__ = [
     "resolve_model_path",
 ]
 
-_LAZY = {"HFEngine": "ziprl.policy.hf_engine", "VLLMEngine": "ziprl.policy.vllm_engine"}
+_LAZY = {"HFEngine": "ziprl.policy.engines.hf.engine", "VLLMEngine": "ziprl.policy.engines.vllm.engine"}
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,8 @@ def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float |
          u: torch.Tensor) -> torch.Tensor:
     """Per row, the first token whose CDF under softmax(logits / temperature), restricted to the ``top_p`` nucleus
     (None: the whole vocabulary), reaches ``u`` ([rows, 1], in (0, 1]) of the row's total mass. No host round trip:
-    :mod:`ziprl.policy.static_decode` draws inside its captured steps, ``temperature`` and ``top_p`` as tensors."""
+    :mod:`ziprl.policy.engines.hf.static_decode` draws inside its captured steps, ``temperature`` and ``top_p`` as
+    tensors."""
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p is not None:
         sorted_p, order = probs.sort(dim=-1, descending=True)

@@ -3,7 +3,7 @@ in :data:`ziprl.registry.ENGINES`."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.env.chat import chat_ids
 from ziprl.env.tools import closing_tags
+from ziprl.weights import WeightReceiver
 
 
 def stop_strings(sampling: SamplingConfig) -> list[str]:
@@ -30,25 +31,17 @@ class Generation:
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
 
 
-class GenerationEngine(ABC):
+class GenerationEngine(WeightReceiver):
     """Batched generation with per-token behaviour log-probs and in-place weight updates.
 
     ``version`` is the policy version of the loaded weights (0 = initial); ``tokens_generated`` and
-    ``generation_seconds`` accumulate for throughput reporting.
+    ``generation_seconds`` accumulate for throughput reporting. New weights arrive through the
+    :class:`~ziprl.weights.WeightReceiver` methods every engine has (``load_weights`` and the collective's).
     """
 
-    version: int = 0
     tokens_generated: int = 0
     generation_seconds: float = 0.0
     max_context: int | None = None  # longest sequence (prompt + response) the model takes; None = unknown
-    # How a collective weight push reaches it (weights.transport=collective): "ziprl_group" = ZipRL's own gloo/NCCL
-    # group, the buckets received by the actor's WeightReceiver and given to load_weights; "vllm_nccl" = the engine
-    # is the receiving end itself (join_weight_transfer / receive_weight_transfer) on vLLM's NCCL communicator.
-    weight_transfer: str = "ziprl_group"
-    # Where and in what dtype load_weights takes a tensor as it is (no cast, no host copy); the in-process push
-    # hands the learner's weights over so (an HFEngine on CUDA: on its GPU, in its dtype).
-    weights_device: str = "cpu"
-    weights_dtype: str = "float32"
 
     @property
     @abstractmethod
@@ -64,10 +57,6 @@ class GenerationEngine(ABC):
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int | None = None) -> list[Generation]:
         """Generate one response per prompt (token ids). Stops at EOS, a stop string, or max_new_tokens."""
-
-    @abstractmethod
-    def load_weights(self, named_arrays: dict[str, Any], version: int) -> None:
-        """Replace the model weights (name -> numpy array or tensor, HF parameter names) and set ``version``."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -98,8 +87,3 @@ class EngineSpec:
 
     def make(self, model_cfg: ModelConfig, path: Path) -> GenerationEngine:
         return self.build(self.engine_class(), model_cfg, path)
-
-    @property
-    def weight_transfer(self) -> str:
-        """The engine class's :attr:`GenerationEngine.weight_transfer`."""
-        return self.engine_class().weight_transfer

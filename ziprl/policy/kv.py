@@ -143,7 +143,7 @@ class RoomyLayer(DynamicLayer):
     @staticmethod
     def with_room(t: Tensor, capacity: int) -> Tensor:
         """``t`` copied into the start of a buffer of ``capacity`` positions, the rest zero (attention may read the
-        whole buffer and mask the room out: :func:`ziprl.policy.cpu_attention.tight`)."""
+        whole buffer and mask the room out: :func:`ziprl.policy.cpu.attention.tight`)."""
         buf = t.new_empty((*t.shape[:-2], capacity, t.shape[-1]))
         buf[..., : t.shape[-2], :] = t
         buf[..., t.shape[-2] :, :] = 0

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from ziprl.config import ConfigError, SamplingConfig
+from ziprl.config import ConfigError, SamplingConfig, ZipRLConfig
+from ziprl.env.group import Group
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.policy.engine import GenerationEngine
@@ -40,7 +41,7 @@ def rollout(
     progress: bool = False,
 ) -> list[Trajectory]:
     """Play ``group_size`` episodes per example; returns one flat list, example by example (``group_size``
-    consecutive trajectories per example, sharing a ``group_id``; :func:`rollout_groups` splits it into groups).
+    consecutive trajectories per example, sharing a ``group_id``; :func:`rollout_groups` forms the training's groups).
 
     Every turn, the prompts of all live episodes are generated together (in chunks of ``max_batch``).
     An episode whose prompt exceeds :func:`prompt_token_limit` ends unfinished (context overflow; one warning per
@@ -94,7 +95,9 @@ def rollout(
 
 
 def rollout_groups(engine: GenerationEngine, make_env: Callable[[], SearchCompressEnv], examples: list[QAExample],
-                   sampling: SamplingConfig, group_size: int, seed: int) -> list[list[Trajectory]]:
-    """One GRPO group of ``group_size`` trajectories per example."""
-    trajs = rollout(engine, make_env, examples, sampling, group_size=group_size, seed=seed)
-    return [trajs[i * group_size:(i + 1) * group_size] for i in range(len(examples))]
+                   cfg: ZipRLConfig, seed: int) -> list[Group]:
+    """One GRPO group of G = ``rollout.group_size`` trajectories per example, in order: where training forms its
+    groups, and the one place it reads G."""
+    g = cfg.rollout.group_size
+    trajs = rollout(engine, make_env, examples, cfg.sampling, group_size=g, seed=seed)
+    return [Group(tuple(trajs[i * g:(i + 1) * g])) for i in range(len(examples))]

@@ -1,6 +1,6 @@
-"""``python -m ziprl.view``: the stable entry point of the command in :mod:`ziprl.cli.view`."""
+"""``python -m ziprl.view``: the trajectory viewer's command, :mod:`ziprl.view.command`."""
 
-from ziprl.cli.view import main
+from ziprl.view.command import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""`python -m ziprl.train`: the single-process loop logs, checkpoints, and resumes onto the same path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import requires_cpu_bf16
+from tests.learner.test_trainer import requires_deepspeed
+from ziprl.config import load_config
+from ziprl.env.trajectory import load_trajectories
+
+pytestmark = [pytest.mark.slow, requires_deepspeed]
+
+
+def _cfg(model, out, steps, resume=False):
+    return load_config(None, [
+        f"run.sft_checkpoint={model}", f"run.out_dir={out}", f"learner.steps={steps}", f"run.resume={resume}",
+        "rollout.group_size=2", "learner.global_batch_questions=2", "env.max_turns=2", "sampling.max_new_tokens=8",
+        "model.device=cpu", "learner.beta=0.001", "data.limit=5",
+    ])
+
+
+def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_path):
+    from ziprl.loop.in_process import train
+
+    straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
+    train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
+    resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
+
+    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]  # the resumed run appended step 3 only
+    for key in ("rollout/reward", "rollout/turns", "rollout/format_error_rate", "rollout/prompt_tokens_per_turn",
+                "learner/loss", "learner/kl", "learner/zero_variance_frac", "learner/tokens"):
+        assert resumed[key] == pytest.approx(straight[key]), key
+    assert resumed["perf/gen_tokens_per_second"] > 0
+    assert resumed["perf/weight_push_seconds"] >= 0
+    # same questions, same sampling seeds, same weights -> the same step-3 trajectories
+    a = load_trajectories(tmp_path / "a" / "trajectories" / "step_000003.parquet")
+    b = load_trajectories(tmp_path / "b" / "trajectories" / "step_000003.parquet")
+    assert [(t.question_id, [u.response_ids for u in t.turns]) for t in a] == \
+        [(t.question_id, [u.response_ids for u in t.turns]) for t in b]
+    assert len(a) == 4
+    assert {t.policy_version for t in a} == {2}
+    ckpts = tmp_path / "b" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip().startswith("step_3-")
+    assert (tmp_path / "b" / "tb").is_dir()
+
+
+@requires_cpu_bf16
+def test_a_resumed_run_keeps_the_dtype_its_checkpoint_was_written_in(tiny_model_dir, tmp_path, monkeypatch):
+    """learner.bf16=null is decided by measuring the GEMMs; on a loaded machine a resumed run measured otherwise and
+    left the straight run's loss (CI, 2.96e-10 against 2.74e-10). The checkpoint's decision holds on resume."""
+    from ziprl.learner import hardware
+    from ziprl.loop.in_process import train
+
+    answers = [True, True, False]  # the straight run, the first two steps, then what the resumed run would measure
+    monkeypatch.setattr(hardware, "bf16_pays", lambda device: answers.pop(0))
+    straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
+    train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
+    resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
+    for key in ("learner/loss", "learner/kl", "learner/mismatch_abs_mean"):
+        assert resumed[key] == pytest.approx(straight[key]), key
+    assert answers == [False]  # the resumed run did not measure: its checkpoint decided
+
+
+def test_cli_reports_config_errors(capsys):
+    from ziprl.cli.train import main
+
+    assert main(["--set", "learner.loss_norm=mean"]) == 2
+    assert "learner.loss_norm" in capsys.readouterr().err
+
+
+class _Built(Exception):
+    """Raised by the stand-in engine factory: the run stops once the engine's config is known."""
+
+
+@pytest.mark.parametrize(("dtype", "bf16", "engine_dtype"), [
+    pytest.param("auto", True, "bfloat16", marks=requires_cpu_bf16), ("auto", False, "float32"),
+    pytest.param("float32", True, "float32", marks=requires_cpu_bf16)])
+def test_the_engine_generates_in_the_learners_dtype_under_auto(tiny_model_dir, tmp_path, monkeypatch, dtype, bf16,
+                                                               engine_dtype):
+    """model.dtype=auto: the engine takes the dtype the learner computes in (decided by the Trainer); an explicit
+    dtype is kept."""
+    import ziprl.policy
+    from ziprl.loop.in_process import train
+
+    def make_engine(model_cfg, path):
+        raise _Built(model_cfg.dtype)
+
+    monkeypatch.setattr(ziprl.policy, "make_engine", make_engine)
+    cfg = _cfg(tiny_model_dir, tmp_path, 1)
+    cfg.model.dtype, cfg.learner.bf16 = dtype, bf16
+    with pytest.raises(_Built) as built:
+        train(cfg, progress=False)
+    assert built.value.args == (engine_dtype,)

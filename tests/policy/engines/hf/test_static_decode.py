@@ -1,0 +1,229 @@
+"""HFEngine's static-cache decode loop (ziprl/policy/engines/hf/static_decode.py) run on a CPU, where it runs
+without CUDA graphs: the same greedy tokens and log-probs as the plain loop, behaviour log-probs equal to a teacher-forced pass,
+rows leaving the batch in buckets, buffers that grow, and weight refreshes that write in place. The CUDA graphs
+themselves are tested in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO
+from ziprl.config import ConfigError, ModelConfig, SamplingConfig
+from ziprl.policy import HFEngine, make_engine, resolve_model_path
+from ziprl.policy.decoding import draw, sample
+from ziprl.policy.engines.hf.static_decode import StaticDecode, bucket, round_up
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# the tiny random model's greedy text switches words at different steps: these stops end rows at 4, 5, 8, 9 and 9
+# tokens, two rows run to the limit
+TEXTS = ["hello there my friend", "a", "the quick brown fox jumps", "x y", "one two three", "<search>apple</search>",
+         "Paris is"]
+STOPS = ["manu", "Wien", "dra", " Reserve Reserve Reserve", "Hitler Hitler Hitler Hitler Hitler"]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_dir) -> HFEngine:
+    return HFEngine(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def static(tiny_model_dir) -> HFEngine:
+    return HFEngine(tiny_model_dir, device="cpu", static_decode=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(plain) -> list[list[int]]:
+    return [plain.tokenizer(t)["input_ids"] for t in TEXTS]
+
+
+def teacher_forced(engine: HFEngine, prompt: list[int], response: list[int]) -> list[float]:
+    """log pi(token) at temperature 1 from one unpadded forward over prompt + response."""
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
+
+
+def assert_same(got, want, atol: float = 1e-5) -> None:
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert [g.finish_reason for g in got] == [g.finish_reason for g in want]
+    assert [g.text for g in got] == [g.text for g in want]
+    for a, b in zip(got, want, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=atol)
+
+
+def test_it_is_off_on_a_cpu_by_default_and_on_where_asked(plain, static, tiny_model_dir):
+    assert plain.static_decode is None
+    assert "cpu" in plain.static_decode_off
+    assert isinstance(static.static_decode, StaticDecode)
+    assert static.static_decode_off is None
+    assert not static.static_decode.capture  # no CUDA graphs on a CPU
+    assert HFEngine(tiny_model_dir, device="cpu", static_decode=False).static_decode_off == "static_decode=false"
+    given = HFEngine(model=plain.model, tokenizer=plain.tokenizer)
+    assert given.static_decode is None
+    assert given.static_decode_off == "given a loaded model"
+    assert ModelConfig().static_decode is None
+    assert make_engine(ModelConfig(device="cpu", static_decode=True), tiny_model_dir).static_decode is not None
+
+
+def test_a_model_it_cannot_run_is_refused_when_asked_for_and_skipped_otherwise(plain):
+    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+
+    from ziprl.policy.engines.hf.static_decode import static_decode
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    window = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                              num_attention_heads=4, num_key_value_heads=2, sliding_window=8))
+    for model, why in [(gpt2, "model_type 'gpt2'"), (window, "sliding-window")]:
+        with pytest.raises(ConfigError, match=rf"^model.static_decode=true: {why}.*set model.static_decode=null"):
+            static_decode(model, True, 0)
+        assert static_decode(model, None, 0) == (None, "the model is on cpu (null: on CUDA only)")
+    assert static_decode(window, False, 0) == (None, "static_decode=false")
+
+
+@pytest.mark.parametrize("sync_every", [1, 4, 16])
+def test_greedy_tokens_and_log_probs_equal_the_plain_loops(plain, static, prompts, monkeypatch, sync_every):
+    """Rows end at different steps (stop strings) and the 7 rows run in 8 slots: finished rows are recorded no
+    further, and the running ones move into smaller buckets (4 rows of 8 left: 4 slots, and so on)."""
+    monkeypatch.setattr(static.static_decode, "sync_every", sync_every)
+    monkeypatch.setattr(static.static_decode, "buffers", None)  # allocated anew with this many draws per read
+    buckets = []
+    compact = StaticDecode._compact
+    monkeypatch.setattr(StaticDecode, "_compact", lambda self, live, cols: buckets.append(compact(self, live, cols))
+                        or buckets[-1])
+    sampling = SamplingConfig(greedy=True, max_new_tokens=40, stop=STOPS)
+    want = plain.generate(prompts, sampling)
+    assert sorted(len(g.token_ids) for g in want) == [4, 5, 8, 9, 9, 40, 40]
+    assert_same(static.generate(prompts, sampling), want)
+    assert buckets
+    assert buckets[-1] == 2
+    assert buckets == sorted(buckets, reverse=True)
+    odd = SamplingConfig(greedy=True, max_new_tokens=sync_every + 3, stop=[])  # a last window cut short
+    assert_same(static.generate(prompts[:3], odd), plain.generate(prompts[:3], odd))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampled_behaviour_log_probs_are_the_teacher_forced_ones(static, prompts, top_p):
+    sampling = SamplingConfig(temperature=0.8, top_p=top_p, max_new_tokens=24, stop=[])
+    out = static.generate(prompts, sampling, seed=1)
+    assert out == static.generate(prompts, sampling, seed=1)  # seeded: the same draws
+    assert [g.token_ids for g in out] != [g.token_ids for g in static.generate(prompts, sampling, seed=2)]
+    for g, p in zip(out, prompts, strict=True):
+        assert len(g.token_ids) == len(g.logprobs) == 24
+        assert g.finish_reason == "length"
+        assert g.logprobs == pytest.approx(teacher_forced(static, p, g.token_ids), abs=1e-4)
+
+
+def test_the_buffers_grow_for_more_rows_or_positions_and_are_kept_otherwise(tiny_model_dir, plain, prompts):
+    engine = HFEngine(tiny_model_dir, device="cpu", static_decode=True)
+    sampling = SamplingConfig(greedy=True, max_new_tokens=12, stop=[])
+    engine.generate(prompts[:2], sampling)
+    first = engine.static_decode.buffers
+    assert tuple(first.mask.shape) == (2, round_up(max(map(len, prompts[:2])) + 12, 256))
+    engine.generate(prompts[1:2], sampling)
+    assert engine.static_decode.buffers is first  # fewer rows: the same buffers
+    longer = [prompts[0] * (300 // len(prompts[0]) + 1)]  # > 256 positions
+    assert_same(engine.generate(longer + prompts, sampling), plain.generate(longer + prompts, sampling))
+    grown = engine.static_decode.buffers
+    assert tuple(grown.mask.shape) == (8, round_up(len(longer[0]) + 12, 256))
+
+
+def test_a_weight_refresh_writes_into_the_weights_the_steps_read(static, plain, prompts):
+    """With static decode the parameters keep their memory (CUDA graphs replay on its addresses): new values are
+    copied in, from arrays of any dtype, read-only ones included; the buffers stay as they are."""
+    sampling = SamplingConfig(greedy=True, max_new_tokens=8, stop=[])
+    original = {k: v.detach().numpy().copy() for k, v in static.model.state_dict().items()}
+    base = static.generate(prompts, sampling)
+    addresses = {k: v.data_ptr() for k, v in static.model.state_dict().items()}
+    buffers = static.static_decode.buffers
+    try:
+        changed = {k: v.astype(np.float64) for k, v in original.items()}
+        changed["model.norm.weight"] = -changed["model.norm.weight"]
+        for v in changed.values():
+            v.flags.writeable = False  # as ray.get returns object-store arrays
+        static.load_weights(changed, version=1)
+        assert {k: v.data_ptr() for k, v in static.model.state_dict().items()} == addresses
+        assert static.version == 1
+        assert static.static_decode.buffers is buffers
+        assert torch.equal(static.model.model.norm.weight, torch.from_numpy(-original["model.norm.weight"]))
+        plain.load_weights(changed, version=1)
+        moved = static.generate(prompts, sampling)
+        assert [g.token_ids for g in moved] != [g.token_ids for g in base]
+        assert_same(moved, plain.generate(prompts, sampling))
+    finally:
+        static.load_weights(original, version=0)
+        plain.load_weights(original, version=0)
+    assert_same(static.generate(prompts, sampling), base, atol=0)
+
+
+def test_a_qwen3_model_decodes_as_its_own_forward(plain, prompts, tmp_path):
+    """Qwen3's per-head query and key norms and untied head, through the same steps."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(plain.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                         eos_token_id=plain.tokenizer.eos_token_id, pad_token_id=plain.tokenizer.pad_token_id)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    plain.tokenizer.save_pretrained(tmp_path)
+    sampling = SamplingConfig(greedy=True, max_new_tokens=20, stop=[])
+    qwen_plain, qwen_static = HFEngine(tmp_path, device="cpu"), HFEngine(tmp_path, device="cpu", static_decode=True)
+    assert qwen_static.static_decode is not None
+    assert_same(qwen_static.generate(prompts, sampling), qwen_plain.generate(prompts, sampling))
+
+
+@pytest.mark.slow
+def test_the_default_model_generates_as_the_plain_loop():
+    """SmolLM2-135M in float32: answers that end at EOS at different steps, the same tokens and log-probs as the
+    plain loop, and sampled log-probs equal to a teacher-forced pass."""
+    path = resolve_model_path(ModelConfig())
+    plain, static = HFEngine(path, device="cpu"), HFEngine(path, device="cpu", static_decode=True)
+    questions = ["What is the capital of France?", "Write a long poem about the sea, the sky and the wind.", "Hi"]
+    prompts = [plain.encode_chat([{"role": "user", "content": q}]) for q in questions]
+    greedy = SamplingConfig(greedy=True, max_new_tokens=40, stop=[])
+    want = plain.generate(prompts, greedy)
+    assert len({len(g.token_ids) for g in want}) == 3
+    assert want[0].finish_reason == "stop"
+    assert_same(static.generate(prompts, greedy), want, atol=1e-4)
+    sampled = static.generate(prompts, SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=24, stop=[]), seed=1)
+    for g, p in zip(sampled, prompts, strict=True):
+        assert g.logprobs == pytest.approx(teacher_forced(static, p, g.token_ids), abs=1e-4)
+
+
+def test_draw_is_the_samplers_inverse_cdf_with_tensor_settings():
+    """The sampler's draw with the temperature and top-p as tensors (as the captured steps hold them) and the
+    uniform numbers given: the same tokens as ``sample`` from the same generator."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    for top_p in (1.0, 0.8):
+        sampling = SamplingConfig(temperature=0.7, top_p=top_p)
+        want = sample(logits, sampling, False, torch.Generator().manual_seed(4))
+        u = 1.0 - torch.rand((6, 1), generator=torch.Generator().manual_seed(4))
+        got = draw(logits, torch.tensor([0.7]), torch.tensor([top_p]) if top_p < 1 else None, u)
+        assert got.tolist() == want.tolist()
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+    assert [round_up(n, 256) for n in (1, 256, 257)] == [256, 256, 512]
+
+
+def test_the_throughput_benchmark_runs_a_tiny_shape_on_a_cpu(tmp_path, monkeypatch, capsys):
+    """benchmarks/engine_throughput.py --arch: static decode against the plain loop at a shape, with the
+    memory-bound ceiling beside it; a CPU smoke run at the tiny shape."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import engine_throughput
+
+    row = engine_throughput.measure_shape("tiny", rows=3, prompt_tokens=40, new_tokens=6, repeats=1, device="cpu",
+                                          workdir=tmp_path)
+    assert (row["arch"], row["rows"], row["device"], row["dtype"]) == ("tiny", 3, "cpu", "float32")
+    assert row["static_tok_s"] > 0
+    assert row["plain_tok_s"] > 0
+    assert row["same_tokens"] == 1.0  # float32: the greedy rows agree
+    assert row["captures"] == 0  # no graphs on a CPU
+    per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3 + 64 * 2  # q, o; k, v (2 kv heads x 16); the MLP; 2 norms
+    assert row["weight_bytes"] == 4 * (49152 * 64 + 2 * per_layer + 64)  # float32; the head tied to the embeddings
+    assert row["ceiling_tok_s"] == pytest.approx(3 * row["bandwidth_gb_s"] * 1e9 / row["weight_bytes"])
+    assert row["ceiling_tok_s"] > row["ceiling_with_kv_tok_s"] > 0
+    assert "memory-bound ceiling" in capsys.readouterr().out

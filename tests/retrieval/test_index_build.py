@@ -1,0 +1,405 @@
+"""Large-index machinery on tiny synthetic data: factory types, chunked/resumed builds, shards, the passage
+store, precomputed embeddings and adopting a prebuilt FAISS index (real FAISS, real MiniLM for dims)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ziprl.cli.index import main as cli
+from ziprl.config import RetrieverConfig
+from ziprl.retrieval import index_build as IB
+from ziprl.retrieval.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
+from ziprl.retrieval.passage_store import PassageStore
+from ziprl.retrieval.retriever import Encoder, Retriever, RetrieverError, adopt_index, build_index
+from ziprl.retrieval.retriever import rerank_exact as IB_rerank
+from ziprl.retrieval.types import Passage
+
+N, DIM = 600, 384
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Encoder:
+    return Encoder()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A corpus of N passages (full Unicode in places) and N aligned clustered unit vectors."""
+    tmp = tmp_path_factory.mktemp("data")
+    passages = [Passage(f"doc-{i}", f"Title {i} ü", f"text {i} " + "🙂 Ωmega " * (i % 7) + "end", f"u{i}" if i % 3 else "")
+                for i in range(N)]
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(12, DIM))
+    x = (centers[rng.integers(0, 12, N)] + 0.4 * rng.normal(size=(N, DIM))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.save(tmp / "emb.npy", x)
+    return write_corpus(passages, tmp / "corpus.jsonl"), tmp / "emb.npy", passages, x
+
+
+def _build(data, encoder, out, **kw):
+    corpus, emb, _, _ = data
+    return build_index(corpus, out, encoder, progress=False, embeddings=emb, **kw)
+
+
+def _ids(hits):
+    return [[h.doc_id for h in hs] for hs in hits]
+
+
+@pytest.mark.parametrize(("index_type", "trained"), [("flat", False), ("hnsw", False), ("IVF8,Flat", True),
+                                                    ("IVF8,PQ16x4,RFlat", True), ("HNSW16,SQ8", True)])
+def test_factory_types_build_and_find_each_vector(data, encoder, tmp_path, index_type, trained):
+    _, _, passages, x = data
+    out = _build(data, encoder, tmp_path / "idx", index_type=index_type, train_size=400, chunk_size=256)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["factory"] == IB.factory_string(index_type)
+    assert m["count"] == N
+    assert m["train_size"] == (400 if trained else None)
+    r = Retriever.load(out, encoder, nprobe=8, k_factor=10)
+    hits = r.search_embeddings(x[:50], 5)
+    top1 = sum(h[0].doc_id == passages[i].doc_id for i, h in enumerate(hits))
+    assert top1 >= 48
+    assert all(len(h) == 5 for h in hits)
+    assert hits[3][0].snippet == passages[3].text[:200]
+    assert hits[3][0].title == passages[3].title
+
+
+def test_search_params_are_applied(data, encoder, tmp_path):
+    out = _build(data, encoder, tmp_path / "idx", index_type="IVF8,PQ16x4,RFlat", train_size=400)
+    r = Retriever.load(out, encoder, nprobe=3, k_factor=7)
+    refine = faiss.downcast_index(r.index)
+    assert refine.k_factor == 7
+    assert faiss.extract_index_ivf(r.index).nprobe == 3
+    assert IB.set_search_params(faiss.IndexFlatIP(4), nprobe=3, ef_search=5, k_factor=2) == {}
+
+
+@pytest.mark.parametrize("index_type", ["flat", "IVF8,PQ16x4,RFlat"])
+def test_chunked_build_equals_one_shot(data, encoder, tmp_path, index_type):
+    one = Retriever.load(_build(data, encoder, tmp_path / "one", index_type=index_type, train_size=400,
+                                chunk_size=N), encoder, nprobe=8)
+    many = Retriever.load(_build(data, encoder, tmp_path / "many", index_type=index_type, train_size=400,
+                                 chunk_size=37), encoder, nprobe=8)
+    q = data[3][::17]
+    assert one.search_embeddings(q, 10) == many.search_embeddings(q, 10)
+    if index_type == "flat":
+        assert np.array_equal(one.index.reconstruct_n(0, N), many.index.reconstruct_n(0, N))
+
+
+def _crash_on_fourth_chunk(monkeypatch) -> dict:
+    """Make the 4th chunk read of the build (the finite check's reads aside) raise KeyboardInterrupt (a machine going
+    down after 3 chunks); returns the counters: ``n`` reads so far (set it negative to stop crashing), ``rows`` rows
+    read, ``checks`` finite checks run."""
+    calls = {"n": 0, "rows": 0, "checks": 0}
+    real, real_check = IB.NpyVectors.rows, IB.check_finite
+
+    def check(source, name, chunk_size):
+        calls["checks"] += 1
+        monkeypatch.setattr(IB.NpyVectors, "rows", real)
+        real_check(source, name, chunk_size)
+        monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+
+    def crashing(self, start, stop):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        calls["rows"] += stop - start
+        return real(self, start, stop)
+
+    monkeypatch.setattr(IB.NpyVectors, "rows", crashing)
+    monkeypatch.setattr(IB, "check_finite", check)
+    return calls
+
+
+def test_interrupted_build_resumes_where_it_stopped(data, encoder, tmp_path, monkeypatch):
+    real = IB.NpyVectors.rows
+    calls = _crash_on_fourth_chunk(monkeypatch)
+    kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "shards": 2, "checkpoint_s": 0}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    partial = tmp_path / ".idx.partial"
+    progress = json.loads((partial / "progress.json").read_text())
+    assert progress["added"] == [150, 0]
+    assert progress["files"] == ["index.partial-150.faiss", None]
+    assert not (tmp_path / "idx" / "manifest.json").exists()  # idx holds only the build's lock
+    calls["rows"] = 0
+    calls["n"] = -100
+    _build(data, encoder, tmp_path / "idx", **kw)
+    assert calls["rows"] == N - 150
+    assert calls["checks"] == 1  # only what was not checkpointed, vectors checked once
+    assert not partial.exists()
+    resumed = Retriever.load(tmp_path / "idx", encoder, nprobe=8)
+    monkeypatch.setattr(IB.NpyVectors, "rows", real)
+    fresh = Retriever.load(_build(data, encoder, tmp_path / "fresh", **kw), encoder, nprobe=8)
+    q = data[3][::13]
+    assert resumed.search_embeddings(q, 10) == fresh.search_embeddings(q, 10)
+
+
+def test_a_changed_input_discards_the_partial_build(data, encoder, tmp_path, monkeypatch):
+    def boom(self, start, stop):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(IB.NpyVectors, "rows", boom)
+        with pytest.raises(KeyboardInterrupt):
+            _build(data, encoder, tmp_path / "idx", chunk_size=50)
+    r = Retriever.load(_build(data, encoder, tmp_path / "idx", chunk_size=50, shards=2), encoder)
+    assert r.manifest["shards"] == 2
+    assert len(r) == N
+
+
+def test_sharded_search_equals_unsharded_flat(data, encoder, tmp_path):
+    _, _, passages, x = data
+    whole = Retriever.load(_build(data, encoder, tmp_path / "one"), encoder)
+    out = _build(data, encoder, tmp_path / "three", shards=3)
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-run", "manifest.json", "shard-000", "shard-001",
+                                                     "shard-002"]
+    sharded = Retriever.load(out, encoder)
+    assert sharded.manifest["shard_counts"] == [200, 200, 200]
+    rng = np.random.default_rng(1)
+    q = x[rng.choice(N, 40, replace=False)] + 0.05 * rng.normal(size=(40, DIM)).astype(np.float32)
+    a, b = whole.search_embeddings(q, 10), sharded.search_embeddings(q, 10)
+    assert _ids(a) == _ids(b)
+    assert np.allclose([[h.score for h in hs] for hs in a], [[h.score for h in hs] for hs in b], atol=1e-5)
+    assert sharded.search_embeddings(q[:2], N)[0][-1].doc_id in {p.doc_id for p in passages}  # k > a shard
+    for p in (passages[0], passages[250], passages[599]):
+        assert sharded.open(p.doc_id) == p
+    middle = Retriever.load(out, encoder, shards=[1])
+    assert len(middle) == 200
+    assert middle.open(passages[250].doc_id) == passages[250]
+    with pytest.raises(KeyError):
+        middle.open(passages[0].doc_id)
+    with pytest.raises(RetrieverError, match=r"shards \[3\] do not exist"):
+        Retriever.load(out, encoder, shards=[3])
+
+
+def test_store_returns_the_corpus(data, encoder, tmp_path):
+    corpus, _, passages, _ = data
+    out = _build(data, encoder, tmp_path / "idx")
+    store = PassageStore(out)
+    assert len(store) == N
+    assert [store.passage(i) for i in range(N)] == load_corpus(corpus)
+    assert store.row_of("doc-123") == 123
+    assert store.row_of("doc-600") is None
+    assert store.row_of("") is None
+    assert store.texts(3, 6) == [f"{p.title}\n{p.text}" for p in passages[3:6]]
+    assert store.head(7, 5) == (passages[7].doc_id, passages[7].title, passages[7].text[:5], passages[7].url)
+
+
+def test_parquet_embeddings_equal_npy(data, encoder, tmp_path):
+    x = data[3]
+    path = tmp_path / "emb.parquet"
+    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(N)], "emb": list(x)}), path, row_group_size=128)
+    a = Retriever.load(_build(data, encoder, tmp_path / "npy"), encoder)
+    b = Retriever.load(build_index(data[0], tmp_path / "pq", encoder, embeddings=path, progress=False, chunk_size=100),
+                       encoder)
+    assert np.allclose(a.index.reconstruct_n(0, N), b.index.reconstruct_n(0, N), atol=1e-6)
+
+
+def test_embedding_and_option_errors_come_before_any_work(data, encoder, tmp_path):
+    corpus, emb, _, x = data
+    np.save(tmp_path / "short.npy", x[:-1])
+    with pytest.raises(RetrieverError, match=f"hold {N - 1} vectors but corpus .* has {N} passages"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=tmp_path / "short.npy", progress=False)
+    np.save(tmp_path / "narrow.npy", x[:, :16])
+    with pytest.raises(RetrieverError, match="are 16-dim but query encoder .* gives 384-dim"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=tmp_path / "narrow.npy", progress=False)
+    with pytest.raises(RetrieverError, match="must end in .npy or .parquet"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=corpus, progress=False)
+    with pytest.raises(RetrieverError, match="chunk_size must be an integer >= 1"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=emb, chunk_size=0)
+    with pytest.raises(RetrieverError, match=f"shards={N + 1} is more than"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=emb, shards=N + 1, progress=False)
+    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / ".o.partial").exists()
+
+
+def test_adopt_checks_dimension_and_count(data, encoder, tmp_path):
+    corpus, _, passages, x = data
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "ok.faiss"))
+    out = adopt_index(tmp_path / "ok.faiss", corpus, tmp_path / "adopted", encoder, progress=False)
+    r = Retriever.load(out, encoder)
+    assert r.manifest["index_type"] == "flat"
+    assert r.search_embeddings(x[5:6], 1)[0][0].doc_id == passages[5].doc_id
+    short = faiss.IndexFlatIP(DIM)
+    short.add(x[:10])
+    faiss.write_index(short, str(tmp_path / "short.faiss"))
+    with pytest.raises(RetrieverError, match=f"holds 10 vectors but corpus .* has {N} passages"):
+        adopt_index(tmp_path / "short.faiss", corpus, tmp_path / "a2", encoder, progress=False)
+    narrow = faiss.IndexFlatIP(8)
+    faiss.write_index(narrow, str(tmp_path / "narrow.faiss"))
+    with pytest.raises(RetrieverError, match="holds 8-dim vectors but encoder .* gives 384-dim"):
+        adopt_index(tmp_path / "narrow.faiss", corpus, tmp_path / "a3", encoder, progress=False)
+    (tmp_path / "junk.faiss").write_bytes(b"not faiss")
+    with pytest.raises(RetrieverError, match="is not a FAISS index file"):
+        adopt_index(tmp_path / "junk.faiss", corpus, tmp_path / "a4", encoder, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["adopted"]
+
+
+def test_use_gpu_without_a_gpu_searches_on_cpu(data, encoder, tmp_path, caplog):
+    out = _build(data, encoder, tmp_path / "idx")
+    with caplog.at_level(logging.WARNING, logger="ziprl.retrieval.index_build"):
+        r = Retriever.load(out, encoder, use_gpu=True)
+    if faiss.get_num_gpus() == 0:
+        assert isinstance(r.index, faiss.IndexFlatIP)
+        assert "searching on CPU" in caplog.text
+    assert r.search_embeddings(data[3][:1], 1)[0][0].doc_id == "doc-0"
+
+
+def test_from_config_builds_shards_with_embeddings(data, encoder, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path))
+    corpus, emb, _, _ = data
+    cfg = RetrieverConfig(corpus=str(corpus), embeddings=str(emb), shards=2, index_type="IVF8,Flat", train_size=300,
+                          nprobe=8)
+    r = Retriever.from_config(cfg)
+    assert len(r.shards) == 2
+    assert r.manifest["factory"] == "IVF8,Flat"
+    assert faiss.extract_index_ivf(r.shards[0].index).nprobe == 8
+
+
+def test_cli_build_options_and_adopt(data, tmp_path, capsys):
+    corpus, emb, passages, x = data
+    out = tmp_path / "cli"
+    args = ["build", "--corpus", str(corpus), "--out", str(out), "--index", "IVF8,PQ16x4,RFlat", "--shards", "2",
+            "--chunk-size", "100", "--train-size", "400", "--embeddings", str(emb), "--no-progress"]
+    assert cli(args) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["shards"], m["factory"], m["train_size"]) == (2, "IVF8,PQ16x4,RFlat", 400)
+    assert cli(["open", "--index", str(out), passages[450].doc_id]) == 0
+    assert passages[450].text in capsys.readouterr().out
+    assert cli(["build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--index", "IVF8,Nope"]) == 2
+    assert "is not a FAISS factory string" in capsys.readouterr().err
+    short = faiss.IndexFlatIP(DIM)
+    short.add(x[:3])
+    faiss.write_index(short, str(tmp_path / "s.faiss"))
+    assert cli(["adopt", "--faiss", str(tmp_path / "s.faiss"), "--corpus", str(corpus), "--out", str(tmp_path / "a"),
+                "--no-progress"]) == 2
+    assert "holds 3 vectors" in capsys.readouterr().err
+
+
+def test_scan_corpus_streams_and_finds_duplicates(tmp_path):
+    lines = [json.dumps({"id": f"d{i}", "title": "T", "text": "x"}) for i in range(50)]
+    lines.insert(30, json.dumps({"id": "d7", "title": "T", "text": "again"}))
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match="duplicate id 'd7' on lines 8 and 31"):
+        scan_corpus(tmp_path / "c.jsonl")
+    ok = scan_corpus(write_corpus([Passage("a", "T", "x"), Passage("b", "T", "y")], tmp_path / "ok.jsonl"))
+    assert ok.count == 2
+    assert ok.id_hashes.dtype == np.uint64
+    assert len(set(ok.id_hashes.tolist())) == 2
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_stored_vectors_rerank_a_compressed_index_exactly(data, encoder, tmp_path, shards):
+    _, _, _, x = data
+    out = _build(data, encoder, tmp_path / "pq", index_type="IVF8,PQ16x4", train_size=400, chunk_size=37,
+                 shards=shards, store_vectors=True)
+    stored = np.concatenate([np.load(p) for p in sorted(out.rglob("vectors.npy"))])
+    np.testing.assert_allclose(stored, x, atol=1e-6)  # every row, in corpus order (as normalised for the index)
+    exact = Retriever.load(_build(data, encoder, tmp_path / "flat", index_type="flat"), encoder)
+    q = x[::11] + 0.05
+    want = exact.search_embeddings(q, 10)
+    got = Retriever.load(out, encoder, nprobe=8, k_factor=20).search_embeddings(q, 10)
+    assert _ids(got) == _ids(want)
+    assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+    coarse = Retriever.load(out, encoder, nprobe=1, k_factor=1).search_embeddings(q, 10)  # fewer candidates
+    assert all(len(h) == 10 for h in coarse)
+    assert _ids(coarse) != _ids(want)
+    (next(out.rglob("vectors.npy"))).unlink()
+    with pytest.raises(RetrieverError, match="incomplete.*vectors.npy"):
+        Retriever.load(out, encoder)
+
+
+def test_rerank_exact_scores_only_the_candidates():
+    rng = np.random.default_rng(3)
+    vecs, q = rng.normal(size=(50, 8)).astype(np.float32), rng.normal(size=(3, 8)).astype(np.float32)
+    cand = np.array([[4, 9, 1, -1], [-1, -1, -1, -1], [7, 7 + 1, 30, 2]])
+    scores, rows = IB_rerank(vecs, q, cand, 3)
+    for i in range(3):
+        ok = [int(c) for c in cand[i] if c >= 0]
+        best = sorted(ok, key=lambda c: -float(vecs[c] @ q[i]))[:3]
+        assert rows[i][: len(best)].tolist() == best
+        assert scores[i][: len(best)] == pytest.approx([float(vecs[c] @ q[i]) for c in best], rel=1e-5)
+        assert (rows[i][len(best):] == -1).all()
+
+
+def test_store_vectors_resumes_and_old_manifests_are_reused(data, encoder, tmp_path, monkeypatch):
+    _, _, _, x = data
+    calls = _crash_on_fourth_chunk(monkeypatch)
+    kw = {"index_type": "IVF8,PQ16x4", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0, "store_vectors": True}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    calls["n"] = -100
+    out = _build(data, encoder, tmp_path / "idx", **kw)
+    np.testing.assert_allclose(np.load(out / "vectors.npy"), x, atol=1e-6)
+    plain = _build(data, encoder, tmp_path / "plain", index_type="flat")
+    manifest = json.loads((plain / "manifest.json").read_text())
+    del manifest["store_vectors"]  # as written before the key existed
+    (plain / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(IB, "fill_index", lambda *a, **k: pytest.fail("an up-to-date index was rebuilt"))
+    assert _build(data, encoder, tmp_path / "plain", index_type="flat") == plain
+
+
+def test_a_partial_build_from_before_store_vectors_resumes(data, encoder, tmp_path, monkeypatch):
+    calls = _crash_on_fourth_chunk(monkeypatch)
+    kw = {"index_type": "IVF8,Flat", "train_size": 400, "chunk_size": 50, "checkpoint_s": 0}
+    with pytest.raises(KeyboardInterrupt):
+        _build(data, encoder, tmp_path / "idx", **kw)
+    progress_file = tmp_path / ".idx.partial" / "progress.json"
+    progress = json.loads(progress_file.read_text())
+    del progress["build"]["store_vectors"]  # as written before the key existed
+    progress_file.write_text(json.dumps(progress))
+    calls["rows"], calls["n"] = 0, -100
+    _build(data, encoder, tmp_path / "idx", **kw)
+    assert calls["rows"] == N - 150  # resumed, not started over
+
+
+@pytest.mark.parametrize(("index_type", "needle"), [
+    ("IVF4096,Flat", r"IVF4096,Flat' trains on 600 vectors but needs >= 4096 \(its IVF lists\); use a smaller nlist "
+                     r"\(e.g. IVF24,Flat\), or --index flat"),
+    ("IVF8,PQ16x10", r"needs >= 1024 \(its PQ codebooks: 2\^10 centroids each\); use fewer bits per code "
+                     r"\(e.g. PQ16x4\), or --index flat"),
+])
+def test_too_few_training_vectors_fail_before_anything_is_written(data, encoder, tmp_path, index_type, needle):
+    with pytest.raises(RetrieverError, match=needle):
+        _build(data, encoder, tmp_path / "idx", index_type=index_type)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_train_size_below_the_need_names_train_size(data, encoder, tmp_path):
+    with pytest.raises(RetrieverError, match=r"trains on 100 vectors but needs >= 256 .*raise --train-size"):
+        _build(data, encoder, tmp_path / "idx", index_type="IVF256,Flat", train_size=100)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_non_finite_embeddings_fail_before_anything_is_written(data, encoder, tmp_path, bad, suffix):
+    corpus, _, _, x = data
+    x = x.copy()
+    x[N - 3, 7] = bad
+    path = tmp_path / f"bad{suffix}"
+    if suffix == ".npy":
+        np.save(path, x)
+    else:
+        pq.write_table(pa.table({"v": list(x)}), path, row_group_size=100)
+    with pytest.raises(RetrieverError, match=rf"embeddings {path} row {N - 3} is not finite \(NaN or inf\); "
+                                             "re-encode the passages"):
+        build_index(corpus, tmp_path / "o", encoder, embeddings=path, progress=False, chunk_size=64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_finite_check_reads_chunk_by_chunk(data, encoder, tmp_path, monkeypatch):
+    corpus, emb, _, _ = data
+    sizes = []
+    rows = IB.NpyVectors.rows
+    monkeypatch.setattr(IB.NpyVectors, "rows", lambda self, a, b: sizes.append(b - a) or rows(self, a, b))
+    build_index(corpus, tmp_path / "o", encoder, embeddings=emb, progress=False, chunk_size=128)
+    assert max(sizes) <= 128
+    assert sum(sizes) == 2 * N  # the check's pass, then the adding pass

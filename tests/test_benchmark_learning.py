@@ -1,0 +1,458 @@
+"""benchmarks/learning.py: held-out questions stay out of training, and its intervals are right;
+benchmarks/learning_compare.py: the paper's two claims are judged as stated."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SHARED
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def learning():
+    return _load("learning")
+
+
+@pytest.fixture(scope="module")
+def compare():
+    return _load("learning_compare")
+
+
+@pytest.fixture(scope="module")
+def stats():
+    _load("learning")  # puts learning_stats in sys.modules, as the script imports it
+    return sys.modules["learning_stats"]
+
+
+def test_bootstrap_of_a_constant_difference_is_that_constant(stats):
+    assert stats.bootstrap(np.full((1, 40, 2), 0.75), np.full((1, 40, 3), 0.5)) == (0.25, 0.25, 0.25)
+
+
+def test_bootstrap_interval_matches_the_normal_approximation(stats):
+    """100 questions, half +1 and half -1 (mean 0, sd 1), one sample each: the 95% interval is about ±1.96/10."""
+    mean, lo, hi = stats.bootstrap(np.array([1.0, -1.0] * 50).reshape(1, 100, 1), n=20_000)
+    assert mean == 0.0
+    assert lo == pytest.approx(-0.196, abs=0.03)
+    assert hi == pytest.approx(0.196, abs=0.03)
+
+
+def test_bootstrap_resamples_the_samples_of_each_question(stats):
+    """Every question scores 0 on one sample and 1 on the other: questions alike, so only resampling samples
+    gives the interval its width (per question 0, 0.5 or 1 with p = 1/4, 1/2, 1/4: sd 0.35/sqrt(50))."""
+    mean, lo, hi = stats.bootstrap(np.tile([0.0, 1.0], (1, 50, 1)), n=20_000)
+    assert mean == 0.5
+    assert lo == pytest.approx(0.5 - 1.96 * 0.05, abs=0.015)
+    assert hi == pytest.approx(0.5 + 1.96 * 0.05, abs=0.015)
+
+
+def test_bootstrap_resamples_pooled_seeds(stats):
+    """Seeds gaining +0.1 and +0.3 on every question: the pooled mean 0.2, its interval the seeds' spread
+    (a replicate draws both seeds of one kind with p = 1/4 each)."""
+    after = np.stack([np.full((30, 2), 0.1), np.full((30, 2), 0.3)])
+    assert stats.bootstrap(after, np.zeros((1, 30, 2))) == pytest.approx((0.2, 0.1, 0.3))
+
+
+def test_bootstrap_pairs_arms_by_seed_and_question(stats):
+    """w = 0.2 beats w = 0 by exactly 0.1 on each seed's every question, however much questions differ: a paired
+    resample sees 0.1 every time."""
+    base = np.random.default_rng(0).uniform(size=(3, 40, 1))
+    assert stats.bootstrap(base + 0.1, base) == pytest.approx((0.1, 0.1, 0.1))
+
+
+def test_bootstrap_refuses_arms_that_do_not_pair(stats):
+    with pytest.raises(ValueError, match="does not pair"):
+        stats.bootstrap(np.zeros((3, 40, 2)), np.zeros((2, 40, 2)))
+
+
+def _hierarchical(rng: np.random.Generator, questions: int, samples: int, mean: float) -> np.ndarray:
+    """One seed's scores with a known mean: question and sample effects."""
+    return mean + rng.normal(0, 0.2, (1, questions, 1)) + rng.normal(0, 0.3, (1, questions, samples))
+
+
+def test_bootstrap_interval_covers_a_known_mean(stats):
+    """Over 200 synthetic data sets (40 questions x 2 samples) the interval holds the true mean about 95% of the
+    time or more (it errs wide: the samples' noise counts twice)."""
+    rng = np.random.default_rng(1)
+    hits = 0
+    for i in range(200):
+        _, lo, hi = stats.bootstrap(_hierarchical(rng, 40, 2, 0.3), n=1000, seed=i)
+        hits += lo <= 0.3 <= hi
+    assert 0.9 <= hits / 200 <= 1.0
+
+
+def test_bootstrap_interval_narrows_with_more_questions(stats):
+    """Ten times the questions: the interval about sqrt(10) times narrower."""
+    rng = np.random.default_rng(2)
+    width = {}
+    for q in (30, 300):
+        _, lo, hi = stats.bootstrap(_hierarchical(rng, q, 2, 0.3), n=4000)
+        width[q] = hi - lo
+    assert width[30] / width[300] == pytest.approx(np.sqrt(10), rel=0.3)
+
+
+def _goal_rows(stats, gain_f1: float, lo_f1: float, seeds: list[float], fmt_lo: float, hrr=None, equal=None):
+    return {r["goal"].split(" (")[0]: r["met"] for r in stats.goal_rows(
+        {"f1": (gain_f1, lo_f1, gain_f1 + 0.1), "em": (0.0, -0.1, 0.1)}, seeds, (0.01, fmt_lo, 0.05), hrr, equal)}
+
+
+def test_goals_are_judged_on_the_intervals(stats):
+    met = _goal_rows(stats, 0.12, 0.02, [0.1, 0.2, 0.05], -0.01,
+                     {"q_com": (0.05, 0.01, 0.09), "f1": (-0.02, -0.08, 0.04)}, True)
+    assert met == {"HRR after RL - Stage 1 >= +0.10 in held-out EM or F1, 95% interval excluding 0": True,
+                   "each seed's HRR - Stage 1 F1 positive": True, "format-error rate not up": True,
+                   "HRR - GRPO Q_com higher": True, "HRR - GRPO F1 not lower": True,
+                   "HRR and GRPO at equal update counts": True}
+    missed = _goal_rows(stats, 0.12, -0.01, [0.1, -0.01], 0.001,
+                        {"q_com": (0.05, -0.01, 0.09), "f1": (-0.1, -0.15, -0.01)}, False)
+    assert not any(missed.values())
+    assert _goal_rows(stats, 0.09, 0.02, [0.1], 0.0)["HRR after RL - Stage 1 >= +0.10 in held-out EM or F1, 95% "
+                                                     "interval excluding 0"] is False
+
+
+def test_quick_goals_leave_hrr_against_grpo_unmeasured(stats):
+    rows = stats.goal_rows({"f1": (0.2, 0.1, 0.3), "em": (0.1, 0.0, 0.2)}, [0.2], (0.0, -0.1, 0.1), None, None)
+    assert rows[-1]["met"] is None
+    assert "--quick" in rows[-1]["measured"]
+
+
+def test_paired_scores_follow_question_ids_and_sample_indices(learning):
+    result = {"per_sample": [{"id": "q2", "sample": 1, "f1": 0.4}, {"id": "q1", "sample": 0, "f1": 0.1},
+                             {"id": "q2", "sample": 0, "f1": 0.3}, {"id": "q1", "sample": 1, "f1": 0.2}]}
+    assert learning.scores(result, "f1", ["q1", "q2"]).tolist() == [[0.1, 0.2], [0.3, 0.4]]
+
+
+def test_evaluated_steps(learning):
+    assert learning.eval_steps(6, 3, quick=False) == [0, 3, 6]
+    assert learning.eval_steps(5, 2, quick=False) == [0, 2, 4, 5]
+    assert learning.eval_steps(6, 3, quick=True) == [0, 6]
+
+
+def test_defaults_evaluate_100_questions_twice_each_over_three_seeds(learning):
+    args = learning.parse_args([])
+    assert (args.task, args.eval_limit, args.eval_samples, args.greedy, args.seeds) == ("invented", 100, 2, False,
+                                                                                       [0, 1, 2])
+    assert args.config == learning.TASKS["invented"]
+    assert args.name == "learning_invented"
+    quick = learning.parse_args(["--quick", "--task", "real", "--greedy"])
+    assert (quick.seeds, quick.eval_samples, quick.name) == ([0], 1, "learning_real_quick")
+    assert quick.config.name == "learn-cpu.yaml"
+    assert quick.out.name == "learning-real"
+
+
+def test_greedy_and_samples_exclude_each_other(learning):
+    with pytest.raises(SystemExit) as exc:
+        learning.parse_args(["--greedy", "--eval-samples", "3"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the data directory ($ZIPRL_DATA; docs/data.md)")
+def test_held_out_questions_are_disjoint_from_training(learning, tmp_path):
+    from ziprl.retrieval.datasets import load_qa_jsonl
+
+    train_path, held_path, corpus = learning.split_questions("real", tmp_path, 100)
+    train, held = load_qa_jsonl(train_path), load_qa_jsonl(held_path)
+    assert len(held) == 100
+    assert len(train) == 400
+    assert [ex.id for ex in held] == [f"hotpotqa-dev-distractor-{i}" for i in range(200, 300)]
+    assert not {ex.id for ex in train} & {ex.id for ex in held}
+    assert not {ex.question for ex in train} & {ex.question for ex in held}
+    assert corpus.is_file()
+    with pytest.raises(SystemExit, match="holds 100 held-out questions"):
+        learning.split_questions("real", tmp_path, 101)
+
+
+def test_invented_held_out_questions_are_disjoint_from_training(learning, tmp_path):
+    from ziprl.registry import DATASETS
+    from ziprl.retrieval.datasets import load_qa_jsonl
+
+    if "invented-heldout" not in DATASETS:
+        pytest.skip("the invented datasets are not registered")
+    train_path, held_path, corpus = learning.split_questions("invented", tmp_path, 100)
+    train, held = load_qa_jsonl(train_path), load_qa_jsonl(held_path)
+    assert len(held) == 100
+    assert len(train) > 100
+    assert not {ex.id for ex in train} & {ex.id for ex in held}
+    assert not {ex.question for ex in train} & {ex.question for ex in held}
+    assert corpus.is_file()
+
+
+def _cell(f1: float, tokens: float) -> dict:
+    return {"f1": f1, "tokens_per_trajectory": tokens}
+
+
+def test_compare_claims_are_judged_as_the_paper_states_them(compare):
+    """Adaptive at half ReAct's tokens with equal F1 meets the first claim, a hair more tokens or less F1 does not;
+    the second claim holds for the strategy whose F1 falls least, ties included."""
+    results = {
+        "met": {"adaptive": {"0": _cell(0.30, 500.0), "1": _cell(0.20, 480.0)},
+                "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.10, 900.0)},
+                "window": {"0": _cell(0.20, 700.0), "1": _cell(0.10, 600.0)}},
+        "missed": {"adaptive": {"0": _cell(0.29, 500.0), "1": _cell(0.10, 480.0)},
+                   "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.25, 900.0)}},
+        "costly": {"adaptive": {"0": _cell(0.40, 501.0), "1": _cell(0.40, 480.0)},
+                   "react": {"0": _cell(0.30, 1000.0), "1": _cell(0.30, 900.0)}},
+    }
+    got = {(r["model"], r["claim"].split()[1]): r["met"] for r in compare.claims(results, [0.0, 1.0])}
+    assert got == {("met", "tokens/trajectory"): True, ("met", "F1"): True,
+                   ("missed", "tokens/trajectory"): False, ("missed", "F1"): False,
+                   ("costly", "tokens/trajectory"): False, ("costly", "F1"): True}
+
+
+def _eval(learning, f1: list[float], sha: str = "ab" * 32) -> dict:
+    """A fake evaluation: question i scores ``f1[i]`` on both of its samples."""
+    per = [{"id": f"q{i}", "sample": k, **dict.fromkeys(learning.EVAL_METRICS, 0.0), "f1": v, "em": v}
+           for i, v in enumerate(f1) for k in range(2)]
+    return {"stats": dict.fromkeys(learning.EVAL_METRICS, 0.5), "per_sample": per, "settings": {"weights_sha256": sha}}
+
+
+def _meta(seeds: list[int], weights: tuple[float, ...]) -> dict:
+    return {"seeds": seeds, "weights": list(weights), "steps": 2, "eval_steps": [0, 1, 2], "questions_held_out": 4,
+            "eval_samples": 2}
+
+
+def test_report_judges_the_goals_and_writes_every_file_under_its_name(learning, tmp_path, monkeypatch):
+    """``--name``: every table and plot of a run goes to ``<name>_*``; RL gaining +0.5 F1 on every question of
+    both seeds meets the main goal; HRR equal to GRPO does not raise Q_com."""
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    evals = {"stage1": _eval(learning, [0.0, 0.1, 0.2, 0.3])}
+    for w in learning.WEIGHTS:
+        for seed in (0, 1):
+            for step in (1, 2):
+                evals[learning.eval_key(w, seed, step)] = _eval(learning, [0.5, 0.6, 0.7, 0.8])
+    runs = {f"w{w:g}_seed{s}": [{"rollout/reward": 0.1 * k} for k in range(2)] for w in learning.WEIGHTS
+            for s in (0, 1)}
+    goals = learning.report(evals, runs, _meta([0, 1], learning.WEIGHTS), "learning_seed01")
+    met = [r["met"] for r in goals]
+    assert met == [True, True, True, False, True, True]  # gain, each seed, format errors, Q_com, F1, equal updates
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert all(n.startswith("learning_seed01_") for n in written)
+    assert {"learning_seed01_goals.md", "learning_seed01_heldout.json", "learning_seed01_diff.md",
+            "learning_seed01_curve.json", "learning_seed01_train.json", "learning_seed01_reward.png",
+            "learning_seed01_heldout_f1.png"} <= set(written)
+    curve = json.loads((tmp_path / "learning_seed01_curve.json").read_text())["rows"]
+    f1 = [r for r in curve if r["metric"] == "f1"]
+    assert [(r["w"], r["step"]) for r in f1] == [(f"w={w:g}", k) for w in learning.WEIGHTS for k in (0, 1, 2)]
+    assert [r["mean"] for r in f1] == pytest.approx([0.15, 0.65, 0.65] * 2)
+    held = json.loads((tmp_path / "learning_seed01_heldout.json").read_text())["rows"]
+    assert {r["weights_sha256"] for r in held} == {"ab" * 8}
+
+
+def test_quick_report_compares_hrr_with_stage_1_only(learning, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    evals = {"stage1": _eval(learning, [0.4, 0.4, 0.4, 0.4])} | {
+        learning.eval_key(0.2, 0, k): _eval(learning, [0.3, 0.3, 0.3, 0.3]) for k in (1, 2)}
+    goals = learning.report(evals, {"w0.2_seed0": [{}, {}]}, _meta([0], learning.QUICK_WEIGHTS), "quick")
+    assert [r["met"] for r in goals] == [False, False, True, None]
+    diff = json.loads((tmp_path / "quick_diff.json").read_text())["rows"]
+    f1 = [r for r in diff if r["metric"] == "f1"]
+    assert [r["comparison"] for r in f1] == ["w=0.2 step 2 - Stage 1 (seeds 0)", "w=0.2 step 2 - Stage 1 (seed 0)"]
+    assert f1[0]["mean"] == pytest.approx(-0.1)
+
+
+def _model(root: Path, weights: bytes) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(weights)
+    return root
+
+
+def test_an_evaluation_is_redone_when_the_weights_it_scored_change(learning, tmp_path, monkeypatch):
+    """A fake rollout stands in for the model: the result records each sample and the weights' sha256; a cached
+    result counts for the same weights, questions and sampling only."""
+    from ziprl.env.trajectory import Trajectory
+    from ziprl.evaluation import harness
+    from ziprl.learner.sft import weights_sha256
+
+    held = tmp_path / "heldout.jsonl"
+    held.write_text('{"id": "q1", "question": "?", "answers": ["a"]}\n')
+    spec = learning.EvalSpec(learning.TASKS["real"], held, tmp_path / "corpus.jsonl", 2, False)
+    model = _model(tmp_path / "m", b"weights one")
+    trajs = [Trajectory(question_id="q1", question="?", answers=["a"], sample_index=k, f1=k / 2) for k in range(2)]
+    monkeypatch.setattr(harness, "load_eval_setup", lambda cfg: None)
+    monkeypatch.setattr(harness, "run_strategy", lambda cfg, strategy, setup, progress: (
+        {"f1": 0.25, "em": 0.0, "format_error_rate": 0.0, "seconds": 1.0}, trajs))
+    result = learning.evaluate(spec, model, tmp_path / "eval" / "stage1.json")
+    assert result["settings"]["weights_sha256"] == weights_sha256(model)
+    assert [(r["id"], r["sample"], r["f1"]) for r in result["per_sample"]] == [("q1", 0, 0.0), ("q1", 1, 0.5)]
+    assert learning.eval_jobs(spec, {"stage1": model}, tmp_path / "eval") == []
+    greedy = learning.EvalSpec(spec.config, held, spec.corpus, 1, True)
+    assert [name for name, _ in learning.eval_jobs(greedy, {"stage1": model}, tmp_path / "eval")] == ["eval_stage1"]
+    (model / "model.safetensors").write_bytes(b"weights two")
+    ((name, cmd),) = learning.eval_jobs(spec, {"stage1": model}, tmp_path / "eval")
+    assert json.loads(cmd[cmd.index("--eval-one") + 1])["model"] == str(model)
+
+
+def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path):
+    evals = {"stage1": _eval(learning, [0.0, 0.1, 0.2, 0.3])} | {
+        learning.eval_key(0.2, 0, k): _eval(learning, [0.5, 0.6, 0.7, 0.8]) for k in (1, 2)}
+    meta = _meta([0], learning.QUICK_WEIGHTS)
+    learning.log_curves_tb(evals, meta, tmp_path)
+    assert list((tmp_path / "w0.2_seed0" / "tb").glob("events.*.heldout"))
+    assert list((tmp_path / "tb" / "w0.2").glob("events.*.heldout"))
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
+    """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,
+    rollouts answer every held-out question right after RL and wrong before. Every goal on held-out F1 is met;
+    the results name the task, the weights of each evaluation and the step curve."""
+    from ziprl.env.trajectory import Trajectory
+    from ziprl.evaluation import harness
+
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(learning, "RESULTS", tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    out = tmp_path / "out"
+    monkeypatch.setattr(learning, "stage1", lambda config, overrides: _model(tmp_path / "stage1" / "model", b"s1"))
+    monkeypatch.setattr(learning, "checkpoint_model", lambda run, k, base: _model(
+        out / "models" / f"{run.name}_step{k}", f"{run.name}{k}".encode()))
+
+    def split(task, where, limit):
+        held = where / "heldout.jsonl"
+        held.parent.mkdir(parents=True, exist_ok=True)
+        held.write_text("".join(f'{{"id": "q{i}", "question": "?{i}", "answers": ["a"]}}\n' for i in range(limit)))
+        return where / "train.jsonl", held, where / "corpus.jsonl"
+
+    def rollout(cfg, strategy, setup, progress):
+        right = float("step" in cfg.model.path)
+        trajs = [Trajectory(question_id=f"q{i}", question="?", answers=["a"], sample_index=k, f1=right, em=right)
+                 for i in range(3) for k in range(cfg.rollout.group_size)]
+        return {"f1": right, "em": right, "format_error_rate": 0.0, "seconds": 0.0}, trajs
+
+    def parallel(jobs, workers, logs):
+        for name, cmd in jobs:
+            if name.startswith("eval_"):
+                job = json.loads(cmd[-1])
+                spec = learning.EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"],
+                                         job["greedy"])
+                learning.evaluate(spec, Path(job["model"]), Path(job["cache"]))
+            else:
+                run = Path(cmd[cmd.index("--out") + 1])
+                run.mkdir(parents=True)
+                (run / "metrics.jsonl").write_text('{"rollout/reward": 0.5}\n' * 2)
+
+    monkeypatch.setattr(learning, "split_questions", split)
+    monkeypatch.setattr(learning, "run_parallel", parallel)
+    monkeypatch.setattr(harness, "load_eval_setup", lambda cfg: None)
+    monkeypatch.setattr(harness, "run_strategy", rollout)
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--task", "real", "--steps", "2", "--eval-every", "1",
+                                      "--eval-limit", "3", "--out", str(out),
+                                      *(["--quick"] if quick else ["--seeds", "0,1"])])
+    learning.main()
+    name = "learning_real_quick" if quick else "learning_real"
+    goals = json.loads((tmp_path / "results" / f"{name}_goals.json").read_text())
+    met = [r["met"] for r in goals["rows"]]
+    assert met[:3] == [True, True, True]
+    assert met[3:] == ([None] if quick else [False, True, True])  # HRR = GRPO: Q_com not higher
+    assert goals["meta"]["seeds"] == ([0] if quick else [0, 1])
+    assert goals["config"]["path"] == "configs/learn-cpu.yaml"
+    curve = json.loads((tmp_path / "results" / f"{name}_curve.json").read_text())["rows"]
+    assert [(r["step"], r["mean"]) for r in curve if r["metric"] == "f1" and r["w"] == "w=0.2"] == (
+        [(0, 0.0), (2, 1.0)] if quick else [(0, 0.0), (1, 1.0), (2, 1.0)])
+    held = json.loads((tmp_path / "results" / f"{name}_heldout.json").read_text())["rows"]
+    assert len({r["weights_sha256"] for r in held}) == len(held)
+    assert list((out / "tb" / "w0.2").glob("events.*"))
+
+
+# ------------------------------------------------------------------ the Stage-1 cache (ziprl/learner/sft.py)
+
+
+def _demo_cfg(tmp_path: Path, questions: str, corpus: str):
+    from ziprl.config import load_config
+
+    (tmp_path / "qa.jsonl").write_text(questions)
+    (tmp_path / "corpus.jsonl").write_text(corpus)
+    return load_config(None, [f"demos.datasets=[{tmp_path / 'qa.jsonl'}]", f"model.cache_dir={tmp_path / 'cache'}"])
+
+
+def test_the_stage1_cache_is_keyed_by_the_demonstration_data(tmp_path):
+    """Same config, other questions or another corpus: another Stage-1 directory; the same data: the same one."""
+    from ziprl.learner.sft import stage1_dir
+
+    qa = '{"id": "q1", "question": "Who?", "answers": ["Ann"]}\n'
+    corpus = '{"id": "d1", "title": "T", "text": "Ann did."}\n'
+    first = stage1_dir(_demo_cfg(tmp_path, qa, corpus))
+    assert stage1_dir(_demo_cfg(tmp_path, qa, corpus)) == first
+    assert stage1_dir(_demo_cfg(tmp_path, qa.replace("Ann", "Bob"), corpus)) != first
+    assert stage1_dir(_demo_cfg(tmp_path, qa, corpus.replace("Ann", "Bob"))) != first
+    assert first.parent == tmp_path / "cache" / "stage1"
+
+
+def test_stage1_weights_are_recorded_beside_the_model_and_checked(tmp_path):
+    from ziprl.learner.sft import Stage1CacheError, check_weights, weights_sha256
+
+    model = _model(tmp_path / "stage1" / "model", b"weights")
+    digest = check_weights(model)
+    assert digest == weights_sha256(model)
+    assert (tmp_path / "stage1" / "model.sha256").read_text().strip() == digest
+    assert check_weights(model) == digest
+    (model / "model.safetensors").write_bytes(b"rebuilt")
+    with pytest.raises(Stage1CacheError, match="changed since"):
+        check_weights(model)
+
+
+def test_the_weights_hash_covers_every_safetensors_file(tmp_path):
+    from ziprl.learner.sft import weights_sha256
+
+    model = _model(tmp_path / "m", b"a")
+    one = weights_sha256(model)
+    (model / "model-00002.safetensors").write_bytes(b"b")
+    assert weights_sha256(model) != one
+    with pytest.raises(FileNotFoundError):
+        weights_sha256(tmp_path)
+
+
+def test_a_finished_sweep_is_reused_only_for_the_same_questions(compare, tmp_path):
+    """A sweep over 15 questions does not stand in for one over 20; a finished one over 20 is not redone."""
+    import json
+
+    (tmp_path / "noise.json").write_text(json.dumps({"questions": 15, "results": {"react": {"0": {}, "1": {}}}}))
+    job = compare.sweep_job(Path("c.yaml"), Path("m"), Path("h.jsonl"), Path("c.jsonl"), "react", [0.0, 1.0], 20,
+                            tmp_path)
+    assert job is not None
+    assert job[job.index("--limit") + 1] == "20"
+    (tmp_path / "noise.json").write_text(json.dumps({"questions": 20, "results": {"react": {"0": {}, "1": {}}}}))
+    assert compare.sweep_job(Path("c.yaml"), Path("m"), Path("h.jsonl"), Path("c.jsonl"), "react", [0.0, 1.0], 20,
+                             tmp_path) is None
+
+
+def test_compare_diff_pairs_questions_and_skips_turns_without_a_score(compare, tmp_path):
+    """RL - Stage 1 per question: F1 of each trajectory, Q_com averaged over its scored turns only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def sweep(name: str, cells: dict[str, tuple[float, list[float | None]]]) -> Path:
+        path = tmp_path / name / "noise_0" / "trajectories_adaptive.parquet"
+        path.parent.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([{"question_id": q, "f1": f1, "turns": [{"q_com": x} for x in qs]}
+                                             for q, (f1, qs) in cells.items()]), path)
+        return path.parents[1]
+
+    before = sweep("stage1", {"q1": (0.0, [0.2, None, 0.4]), "q2": (1.0, [0.5])})
+    after = sweep("rl", {"q2": (0.5, [0.7, None]), "q1": (1.0, [0.6, 0.6])})
+    rows = {r["metric"]: r for r in compare.diff_rows({"adaptive": before}, {"adaptive": after}, [0.0])}
+    assert rows["f1"]["rl_minus_stage1"] == pytest.approx((1.0 - 0.5) / 2)
+    assert rows["q_com"]["rl_minus_stage1"] == pytest.approx(((0.6 - 0.3) + (0.7 - 0.5)) / 2)
+    assert rows["q_com"]["questions"] == 2

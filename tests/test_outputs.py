@@ -1,0 +1,375 @@
+"""One output-path rule for every command that writes (issue 46, items 1 and 5): each reproduction refused with
+exit code 2 and every file left as it was; paths normalised; links refused; a lock keeps a second process out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ziprl.cli import demos as demos_cmd
+from ziprl.cli import eval as eval_cmd
+from ziprl.cli import index, sft, train
+from ziprl.config import load_config
+from ziprl.env.demos import is_demos_file, write_demos
+from ziprl.evaluation.harness import is_eval_entry
+from ziprl.outputs import LOCK, MARKER, OutputError, check_file, locked, own_dir, plan_dir, read_marker
+from ziprl.retrieval.corpus import write_corpus
+from ziprl.retrieval.index_build import adopt_index, build_index
+from ziprl.retrieval.index_files import RetrieverError
+from ziprl.retrieval.types import Passage
+from ziprl.rundir import claim_run_dir, plan_run_dir, prepare_run_dir
+from ziprl.view import command as view
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_ROW = {"question_id": "q", "source": "s", "turn": 1, "messages": json.dumps([{"role": "user", "content": "q"}]),
+            "response": "<answer>x</answer>", "action": "answer", "level": 1, "q_com": 0.5}
+
+
+def digests(root: Path) -> dict[str, object]:
+    """Every path under ``root`` (links not followed) -> sha256 of a file, a link's target, or 'dir'."""
+    out: dict[str, object] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(top, name)
+            rel = str(p.relative_to(root))
+            out[rel] = (("link", os.readlink(p)) if p.is_symlink() else "dir" if p.is_dir()
+                        else hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """An empty working directory, as in the issue's reproductions."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def corpus(path: Path) -> Path:
+    return write_corpus([Passage(f"d{i}", f"T{i}", f"text {i}") for i in range(3)], path)
+
+
+class StubEncoder:
+    """What build_index asks of an encoder when the vectors are given: 4-dim, no model."""
+
+    dim, encoder_id, path, query_prefix, passage_prefix = 4, "stub", None, "", ""
+
+
+def vectors(path: Path) -> Path:
+    np.save(path, np.eye(3, 4, dtype=np.float32))
+    return path
+
+
+# ---------------------------------------------------------------- the reproductions
+
+
+def test_index_build_refuses_a_directory_with_any_manifest(work, capsys):
+    (work / "d").mkdir()
+    (work / "d" / "manifest.json").write_text("{}\n")
+    (work / "d" / "index.html").write_text("x\n")
+    corpus(work / "c.jsonl")
+    before = digests(work)
+    assert index.main(["build", "--corpus", "c.jsonl", "--out", "d"]) == 2
+    assert "not a ZipRL index" in capsys.readouterr().err
+    assert index.main(["adopt", "--faiss", "c.jsonl", "--corpus", "c.jsonl", "--out", "d"]) == 2
+    assert digests(work) == before
+
+
+def test_sft_refuses_a_directory_it_did_not_make(work, capsys, no_models):
+    (work / "p" / "model").mkdir(parents=True)
+    (work / "p" / "model" / "code.py").write_text("x\n")
+    write_demos([DEMO_ROW], work / "demos.parquet")
+    before = digests(work)
+    assert sft.main(["--demos", "demos.parquet", "--out", "p"]) == 2
+    assert "is not empty (model)" in capsys.readouterr().err
+    assert sft.main(["--demos", "demos.parquet", "--out", "p", "--overwrite"]) == 2
+    assert "has no .ziprl-run marker" in capsys.readouterr().err
+    with pytest.raises(OutputError, match="already holds model"):  # the library function too (Stage 1's callers)
+        from ziprl.learner.sft import run_sft
+
+        run_sft(load_config(None, []), work / "demos.parquet", work / "p")
+    assert digests(work) == before
+
+
+def test_train_normalises_the_path_before_checking_it(work, capsys, no_models):
+    (work / "proj").mkdir()
+    (work / "proj" / "metrics.jsonl").write_text('{"mine":1}\n')
+    before = digests(work)
+    assert train.main(["--out", "nosuch/../proj"]) == 2
+    assert f"{work / 'proj'} is not empty (metrics.jsonl)" in capsys.readouterr().err
+    assert digests(work) == before
+
+
+def test_a_new_path_through_a_missing_folder_is_written_where_it_resolves(work):
+    assert plan_run_dir("nosuch/../run", resume=False, overwrite=False).out == work / "run"
+
+
+HOLD = """import sys, pathlib
+from ziprl.outputs import locked
+with locked(pathlib.Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_process_is_refused_with_the_holders_pid(work, capsys, no_models):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(work / "run")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert train.main(["--out", "run"]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by process {holder.pid}" in err
+        assert sorted(os.listdir(work / "run")) == [LOCK]  # the second one wrote nothing
+    finally:
+        holder.communicate("")
+    with locked(work / "run"):  # released when the holder ended
+        pass
+
+
+def test_a_library_build_waits_for_the_one_under_way_and_reuses_it(work, capsys):
+    """The replicas of a retriever deployment all build a missing index: one builds, the others wait for it."""
+    import threading
+
+    c, v = corpus(work / "c.jsonl"), vectors(work / "v.npy")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(work / "idx")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    results: list[object] = []
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(OutputError, match=f"in use by process {holder.pid}"):
+            build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False, wait=False)
+        waiter = threading.Thread(target=lambda: results.append(
+            build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False)))
+        waiter.start()
+        for _ in range(6000):  # until it waits (bounded: a failure never hangs the suite)
+            if f"waiting for process {holder.pid}" in capsys.readouterr().err or not waiter.is_alive():
+                break
+            waiter.join(0.01)
+        assert waiter.is_alive()
+    finally:
+        holder.communicate("")
+    waiter.join()
+    assert results == [work / "idx"]
+    assert read_marker(work / "idx")["kind"] == "index"
+
+
+def test_the_directory_is_checked_again_once_the_lock_is_held(work):
+    """Both plans pass before either process writes: the one that locks second finds the first one's run."""
+    plan = plan_run_dir(work / "run", resume=False, overwrite=False)
+    prepare_run_dir(work / "run", resume=False, overwrite=False)
+    (work / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = digests(work)
+    with pytest.raises(OutputError, match="is not empty"), claim_run_dir(plan):
+        pytest.fail("the claim went through")
+    assert {k: v for k, v in digests(work).items() if k != f"run/{LOCK}"} == before
+
+
+def fake_checkpoint(root: Path) -> None:
+    """What verify_checkpoint accepts: the four files, empty safetensors, a state with every field."""
+    ck = root / "step_1"
+    ck.mkdir(parents=True)
+    for name in ("model", "optimizer", "rng"):
+        (ck / f"{name}.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    (ck / "state.json").write_text(json.dumps(dict.fromkeys(
+        ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position"), 1)))
+    (root / "latest").write_text("step_1\n")
+
+
+def test_resume_refuses_a_run_whose_checkpoints_are_a_link(work, capsys, no_models):
+    elsewhere = work / "elsewhere"
+    fake_checkpoint(elsewhere)
+    (elsewhere / ".step_2-dead.tmp1").mkdir()  # what resume's cleaning would have deleted
+    prepare_run_dir(work / "run", resume=False, overwrite=False)
+    (work / "run" / "metrics.jsonl").write_text("{}\n")
+    (work / "run" / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    before = digests(work)
+    assert train.main(["--out", "run", "--resume"]) == 2
+    assert "--resume: " in (err := capsys.readouterr().err)
+    assert "holds links (checkpoints)" in err
+    assert digests(work) == before
+
+
+def test_resume_refuses_a_hard_link_inside_the_run(work):
+    prepare_run_dir(work / "run", resume=False, overwrite=False)
+    fake_checkpoint(work / "run" / "checkpoints")
+    (work / "mine.jsonl").write_text('{"mine": 1}\n')
+    os.link(work / "mine.jsonl", work / "run" / "metrics.jsonl")
+    with pytest.raises(OutputError, match=r"holds links \(metrics\.jsonl\)"):
+        plan_run_dir(work / "run", resume=True, overwrite=False)
+    os.unlink(work / "run" / "metrics.jsonl")
+    assert plan_run_dir(work / "run", resume=True, overwrite=False).resume_from == work / "run" / "checkpoints" / "step_1"
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"], ["--resume"]])
+def test_a_marker_that_is_a_directory_says_so(work, capsys, flags, no_models):
+    (work / "run" / MARKER).mkdir(parents=True)
+    (work / "run" / "metrics.jsonl").write_text("{}\n")
+    before = digests(work)
+    assert train.main(["--out", "run", *flags]) == 2
+    assert f"has a {MARKER} that is a directory, not the marker file" in capsys.readouterr().err
+    assert digests(work) == before
+
+
+# ---------------------------------------------------------------- kinds
+
+
+def test_each_command_keeps_to_its_own_kind(work, capsys, no_models):
+    prepare_run_dir(work / "run", resume=False, overwrite=False)
+    write_demos([DEMO_ROW], work / "demos.parquet")
+    before = digests(work)
+    assert eval_cmd.main(["--out", "run"]) == 2
+    assert "is a train/launch run directory (its .ziprl-run says so), not an eval report directory" in \
+        capsys.readouterr().err
+    assert sft.main(["--demos", "demos.parquet", "--out", "run", "--overwrite"]) == 2
+    assert "not an SFT run directory" in capsys.readouterr().err
+    with pytest.raises(OutputError, match="not a retrieval index directory"):
+        build_index(corpus(work / "c.jsonl"), work / "run", StubEncoder(), embeddings=vectors(work / "v.npy"))
+    assert {k: v for k, v in digests(work).items() if k not in ("c.jsonl", "v.npy")} == before
+
+
+def test_overwrite_replaces_only_what_its_kind_wrote(work):
+    out = own_dir(work / "ev", "eval", ["report.json"])
+    (out / "report.json").write_text("{}")
+    plan = plan_dir(out, "eval", True, is_eval_entry)
+    assert plan.delete == (out / "report.json",)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"entries an eval report does not write \(notes\.txt\)"):
+        plan_dir(out, "eval", True, is_eval_entry)
+
+
+def test_stage1_cache_writes_demos_then_sft_into_one_directory_and_again_after_a_kill(work):
+    """What launch and the benchmarks do in ``stage1_dir``: the demos file, then SFT's model and tb beside it."""
+    from ziprl.learner.sft import SFT_WRITES
+
+    root = work / "cache" / "stage1" / "abc"
+    for _ in range(2):  # the second time: a killed Stage 1 run again
+        write_demos([DEMO_ROW], root / "demos.parquet")
+        assert own_dir(root, "sft", SFT_WRITES) == root
+        (root / "tb").mkdir(exist_ok=True)
+    assert read_marker(root)["kind"] == "sft"
+
+
+def test_eval_refuses_a_foreign_directory_before_any_model_loads(work, capsys, no_models):
+    (work / "ev").mkdir()
+    (work / "ev" / "report.md").write_text("my report\n")
+    before = digests(work)
+    assert eval_cmd.main(["--out", "ev", "--overwrite"]) == 2
+    assert "has no .ziprl-run marker" in capsys.readouterr().err
+    assert digests(work) == before
+
+
+# ---------------------------------------------------------------- index directories
+
+
+def test_index_directories(work):
+    c, v = corpus(work / "c.jsonl"), vectors(work / "v.npy")
+    out = build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False)
+    assert read_marker(out)["kind"] == "index"
+    with pytest.raises(RetrieverError, match="pass --overwrite"):
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False, overwrite=False)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"does not write \(notes\.txt\)"):
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False)
+    (out / "notes.txt").unlink()
+    (out / MARKER).unlink()  # an index of a ZipRL older than the marker: reused as it is, never written
+    assert build_index(c, out, StubEncoder(), embeddings=v, progress=False) == out
+    with pytest.raises(RetrieverError, match="older ZipRL .* delete it yourself"):
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False)
+    (work / ".fresh.partial").mkdir()
+    (work / ".fresh.partial" / "x").write_text("mine")
+    with pytest.raises(RetrieverError, match="no build marked it"):
+        build_index(c, work / "fresh", StubEncoder(), embeddings=v, progress=False)
+    assert (work / ".fresh.partial" / "x").read_text() == "mine"
+
+
+def test_adopt_replaces_only_with_overwrite(work):
+    import faiss
+
+    flat = faiss.IndexFlatIP(4)
+    flat.add(np.eye(3, 4, dtype=np.float32))
+    faiss.write_index(flat, str(work / "x.faiss"))
+    c = corpus(work / "c.jsonl")
+    out = adopt_index(work / "x.faiss", c, work / "idx", StubEncoder(), progress=False)
+    assert read_marker(out)["kind"] == "index"
+    with pytest.raises(RetrieverError, match="pass --overwrite"):
+        adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False, overwrite=False)
+    assert adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False) == out
+
+
+# ---------------------------------------------------------------- single files
+
+
+def test_demos_replaces_only_a_demos_file_and_only_with_overwrite(work, capsys):
+    (work / "mine.parquet").write_bytes(b"PAR1 my data")
+    before = digests(work)
+    assert demos_cmd.main(["--out", "mine.parquet", "--overwrite"]) == 2
+    assert "is not a demos file ziprl.demos wrote" in capsys.readouterr().err
+    assert digests(work) == before
+    path = write_demos([DEMO_ROW], work / "d.parquet")
+    assert is_demos_file(path)
+    assert not is_demos_file(work / "mine.parquet")
+    with pytest.raises(OutputError, match="pass --overwrite"):
+        check_file(path, False, is_demos_file, "a demos file", "d.parquet")
+    assert check_file(path, True, is_demos_file, "a demos file", "d.parquet") == path
+    with pytest.raises(OutputError, match="is not a demos file"):
+        write_demos([DEMO_ROW], work / "mine.parquet")  # the library refuses it too
+    assert digests(work)["mine.parquet"] == before["mine.parquet"]
+
+
+def test_view_replaces_only_its_own_report_and_only_with_overwrite(work, capsys):
+    from ziprl.testing.viewer_data import write_run
+
+    run = write_run(work / "run", n=2, steps=1)
+    assert view.main([str(run), "--out", "r.html", "--tokenizer", "none"]) == 0
+    assert view.main([str(run), "--out", "r.html", "--tokenizer", "none"]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert view.main([str(run), "--out", "r.html", "--tokenizer", "none", "--overwrite"]) == 0
+    (work / "mine.html").write_text("<html>my page</html>")
+    assert view.main([str(run), "--out", "mine.html", "--tokenizer", "none", "--overwrite"]) == 2
+    assert "is not a report ziprl.view wrote" in capsys.readouterr().err
+    assert (work / "mine.html").read_text() == "<html>my page</html>"
+    os.link(work / "r.html", work / "other.html")
+    assert view.main([str(run), "--out", "r.html", "--tokenizer", "none", "--overwrite"]) == 2
+    assert "file with another name" in capsys.readouterr().err
+
+
+def test_a_benchmark_work_dir_is_new_or_its_own(tmp_path):
+    from ziprl.outputs import work_dir
+
+    out = work_dir(tmp_path / "bench", "bench")
+    assert read_marker(out)["kind"] == "bench"
+    (out / "w0_seed0").mkdir()
+    assert work_dir(out, "bench") == out  # a rerun continues in its own directory
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not known to be a benchmark's working directory"):
+        work_dir(foreign, "bench")
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    with pytest.raises(OutputError, match="is a train/launch run directory"):
+        work_dir(run, "bench")
+    os.symlink(foreign, out / "elsewhere")
+    with pytest.raises(OutputError, match="elsewhere"):
+        work_dir(out, "bench")
+
+
+def test_a_results_name_never_leaves_the_results_folder(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+    for bad in ("../escape", "a/b", ".hidden", ""):
+        with pytest.raises(SystemExit, match="results name"):
+            _common.write_results(bad, [{"a": 1}])
+    assert not (tmp_path / "escape.json").exists()
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,69 @@
+"""The tests mirror the package: ``tests/<path>/test_<module>[_<aspect>].py`` tests ``ziprl/<path>/<module>.py`` (or
+the package ``ziprl/<path>/<module>/``), e.g. ``tests/policy/engines/hf/test_engine.py`` tests
+``ziprl/policy/engines/hf/engine.py`` and ``tests/env/test_search_env_fuzz.py`` fuzzes ``ziprl/env/search_env.py``.
+The few top-level files that test something across the package (every command, a script, a benchmark) are listed
+in ``CROSS_CUTTING``. Helpers shared with the benchmarks live in ``ziprl/testing/``, fixtures in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+PACKAGE = TESTS.parent / "ziprl"
+CROSS_CUTTING = {  # top-level test files that mirror no one module: what each covers
+    "test_adversarial_commands.py": "hostile command lines for every command (docs/bad-commands.md)",
+    "test_bad_commands.py": "bad command lines for every command; `python -m tests.test_bad_commands` writes the doc",
+    "test_input_bounds.py": "huge, odd or oversized input in every command",
+    "test_learning_gate.py": "the production update path learns (ziprl.train end to end)",
+    "test_layering.py": "the import layering of every module",
+    "test_tree.py": "this file: the tests mirror the package",
+    "test_gpu.py": "the GPU-only tests (scripts/gpu_check.sh)",
+    "test_gpu_check.py": "scripts/gpu_check.sh without a GPU",
+    "test_gpu_scripts.py": "scripts/gpu_learn.sh and scripts/gpu_payload.sh",
+    "test_cluster_yaml.py": "cluster/a100x8.yaml",
+    "test_one_step_example.py": "examples/one_step.py",
+    "test_benchmark_common.py": "benchmarks/_common.py",
+    "test_benchmark_gpu_step.py": "benchmarks/gpu_step.py",
+    "test_benchmark_learning.py": "benchmarks/learning.py and benchmarks/learning_compare.py",
+    "test_results_index.py": "benchmarks/README.md indexes benchmarks/results/",
+}
+
+
+def modules(package: Path) -> set[str]:
+    """The names of the modules and subpackages directly in ``package``."""
+    return ({p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+            | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()})
+
+
+def mirrored(test: Path) -> str | None:
+    """The module of ``ziprl/`` that ``test`` names (the longest that its name starts with), or None."""
+    package = PACKAGE / test.parent.relative_to(TESTS)
+    name = test.stem.removeprefix("test_")
+    found = [m for m in modules(package) if name == m or name.startswith(f"{m}_")] if package.is_dir() else []
+    return max(found, key=len) if found else None
+
+
+def test_every_test_file_names_a_module_of_its_package():
+    stray = [p.relative_to(TESTS).as_posix() for p in sorted(TESTS.rglob("test_*.py"))
+             if mirrored(p) is None and p.relative_to(TESTS).as_posix() not in CROSS_CUTTING]
+    assert stray == [], "name each after the module it tests (tests/<path>/test_<module>.py), or list it above"
+
+
+def test_the_cross_cutting_files_exist_and_mirror_no_module():
+    assert [f for f in CROSS_CUTTING if not (TESTS / f).is_file()] == []
+    assert [f for f in CROSS_CUTTING if mirrored(TESTS / f) is not None] == []
+
+
+def test_every_test_folder_is_a_package_of_ziprl():
+    """Each folder under tests/ mirrors a package of ziprl/ and is a package itself, so basenames may repeat."""
+    folders = [p for p in TESTS.rglob("*") if p.is_dir() and not p.name.startswith((".", "__"))]
+    assert [p.relative_to(TESTS).as_posix() for p in folders if not (PACKAGE / p.relative_to(TESTS)).is_dir()] == []
+    assert [p.relative_to(TESTS).as_posix() for p in folders if not (p / "__init__.py").is_file()] == []
+
+
+def test_tests_hold_only_tests_and_fixtures():
+    """Helpers live in ``ziprl/testing/`` (which the benchmarks import too), fixtures in ``conftest.py``."""
+    others = [p.relative_to(TESTS).as_posix() for p in sorted(TESTS.rglob("*.py"))
+              if p.name not in ("__init__.py", "conftest.py") and not p.name.startswith("test_")]
+    assert others == []

@@ -1,0 +1,306 @@
+"""Bad viewer inputs: each is one ``error:`` line naming the problem and the fix, exit code 2, nothing written.
+
+Bad trajectory files beside good ones are skipped with a warning naming the file; with no good file it is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ziprl.env.trajectory import SCHEMA, save_trajectories
+from ziprl.testing.viewer_data import trajectory, write_run
+from ziprl.view import command as view
+from ziprl.view.data import build_index, episode, load_run, step_stats
+from ziprl.view.page import render_page
+from ziprl.view.server import make_server
+from ziprl.view.tokens import make_decoder
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return write_run(tmp_path / "run", n=4, steps=2)
+
+
+def listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def fails(capsys, monkeypatch):
+    """Run the command; assert exit code 2, nothing on stdout and exactly one ``error:`` line; return it.
+
+    A command that gets as far as serving fails the test instead of serving forever.
+    """
+    from http.server import ThreadingHTTPServer
+
+    def refuse(server):
+        raise AssertionError(f"the command started serving on {server.server_address}")
+
+    def run(argv: list[str]) -> str:
+        with monkeypatch.context() as m:
+            m.setattr(ThreadingHTTPServer, "serve_forever", refuse)
+            assert view.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "", err
+        assert err.startswith("error: "), err
+        assert err.count("\n") == 1, err
+        return err
+
+    return run
+
+
+# --- the command line -------------------------------------------------------------------------------------------
+
+def test_out_is_a_directory(run_dir, tmp_path, fails):
+    (tmp_path / "reports").mkdir()
+    before = listing(tmp_path)
+    err = fails([str(run_dir), "--out", str(tmp_path / "reports")])
+    assert "is a directory" in err
+    assert "report.html" in err
+    assert listing(tmp_path) == before
+
+
+def test_out_under_a_regular_file(run_dir, tmp_path, fails):
+    (tmp_path / "afile").write_text("keep me")
+    before = listing(tmp_path)
+    err = fails([str(run_dir), "--out", str(tmp_path / "afile" / "sub" / "r.html")])
+    assert "afile" in err
+    assert "not a directory" in err
+    assert listing(tmp_path) == before
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_out_in_a_read_only_directory(run_dir, tmp_path, fails):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        err = fails([str(run_dir), "--out", str(ro / "new" / "r.html")])
+        assert "cannot write" in err
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_out_where_nobody_can_write(run_dir, fails):
+    target = Path("/sys/ziprl-view-report.html")
+    err = fails([str(run_dir), "--out", str(target)])
+    assert "cannot write" in err
+    assert "/sys" in err
+    assert not target.exists()
+
+
+def test_out_refuses_to_overwrite_a_file_that_is_not_html(run_dir, fails):
+    victim = run_dir / "trajectories" / "step_000001.parquet"
+    data = victim.read_bytes()
+    err = fails([str(run_dir), "--out", str(victim)])
+    assert "not an HTML file" in err
+    assert victim.read_bytes() == data
+
+
+def test_out_is_checked_before_the_run_is_read(run_dir, tmp_path, fails, monkeypatch):
+    def fail(*_a, **_k):
+        raise AssertionError("the run was read before --out was checked")
+
+    monkeypatch.setattr(view, "load_run", fail)
+    (tmp_path / "reports").mkdir()
+    fails([str(run_dir), "--out", str(tmp_path / "reports")])
+
+
+def test_out_writes_the_report_and_an_html_file_is_replaced(run_dir, tmp_path):
+    out = tmp_path / "new" / "r.html"
+    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
+    assert 'id="ziprl-episodes"' in out.read_text()
+    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none", "--overwrite"]) == 0
+    assert listing(tmp_path / "new") == ["r.html"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage \x00", b'{"not": "a tokenizer"}', b""])
+def test_tokenizer_garbage(run_dir, tmp_path, fails, content):
+    bad = tmp_path / "tok"
+    bad.mkdir()
+    (bad / "tokenizer.json").write_bytes(content)
+    for spec in (bad, bad / "tokenizer.json"):
+        err = fails([str(run_dir), "--tokenizer", str(spec), "--out", str(tmp_path / "r.html")])
+        assert "tokenizer.json" in err
+        assert "--tokenizer none" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_tokenizer_missing(run_dir, tmp_path, fails):
+    err = fails([str(run_dir), "--tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path / "r.html")])
+    assert "no tokenizer.json" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("host", ["not a host", "", "127.0.0.1; rm -rf /", "http://127.0.0.1"])
+def test_host_that_is_not_an_address(run_dir, fails, host):
+    err = fails([str(run_dir), "--host", host, "--port", "0"])
+    assert "--host" in err
+    assert "127.0.0.1" in err
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "65536"])
+def test_port_out_of_range(run_dir, fails, port):
+    assert "--port must be in 0..65535" in fails([str(run_dir), "--port", port])
+
+
+def test_port_in_use(run_dir, fails):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        err = fails([str(run_dir), "--port", str(port), "--tokenizer", "none"])
+    assert f"port {port} is in use" in err
+    assert "--port 0" in err
+
+
+def test_ipv6_loopback_is_served(run_dir):
+    server = make_server(load_run(run_dir), host="::1", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://[::1]:{server.server_address[1]}/api/episode/0"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+            assert json.load(r)["id"] == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_run_path_missing_empty_or_not_parquet(tmp_path, fails):
+    out = tmp_path / "r.html"
+    err = fails([str(tmp_path / "missing"), "--out", str(out)])
+    assert "neither a trajectory Parquet file nor a run directory" in err
+    (tmp_path / "empty").mkdir()
+    assert "no trajectory Parquet files" in fails([str(tmp_path / "empty"), "--out", str(out)])
+    (tmp_path / "notes.txt").write_text("hello")
+    err = fails([str(tmp_path / "notes.txt"), "--out", str(out)])
+    assert "notes.txt" in err
+    assert "not a readable Parquet file" in err
+    assert "ziprl.train" in err
+    assert not out.exists()
+
+
+# --- bad trajectory files ---------------------------------------------------------------------------------------
+
+def _table(**columns) -> pa.Table:
+    """The trajectory table of two episodes with some columns replaced (None drops one)."""
+    table = pa.Table.from_pylist([dict(vars(trajectory(i))) | {"turns": [vars(t) for t in trajectory(i).turns]}
+                                  for i in range(2)], schema=SCHEMA)
+    for name, values in columns.items():
+        table = table.drop_columns([name]) if name in table.column_names else table
+        if values is not None:
+            table = table.append_column(name, values)
+    return table
+
+
+def _bad_files(traj: Path) -> dict[str, str]:
+    """Write bad trajectory files into ``traj``; name -> what the warning says about it."""
+    good = (traj / "step_000001.parquet").read_bytes()
+    (traj / "step_000003.parquet").write_bytes(good[: len(good) // 2])  # truncated
+    (traj / "step_000004.parquet").write_bytes(os.urandom(4096))  # random bytes
+    pq.write_table(_table(turns=pa.array(["x", "y"])), traj / "step_000005.parquet")
+    pq.write_table(_table(reward=pa.array(["high", "low"])), traj / "step_000006.parquet")
+    pq.write_table(_table(question=None), traj / "step_000007.parquet")
+    level_as_text = pa.array([[{"level": "3", "response_text": "x"}], []],
+                             pa.list_(pa.struct([("level", pa.string()), ("response_text", pa.string())])))
+    pq.write_table(_table(turns=level_as_text), traj / "step_000008.parquet")
+    (traj / "step_000009.parquet").mkdir()  # a directory named like a file: not a trajectory file, not listed
+    return {"step_000003.parquet": "not a readable Parquet file", "step_000004.parquet": "not a readable Parquet file",
+            "step_000005.parquet": "'turns'", "step_000006.parquet": "'reward'",
+            "step_000007.parquet": "'question'", "step_000008.parquet": "'level'"}
+
+
+def test_bad_files_beside_good_ones_are_skipped_with_a_warning(run_dir, tmp_path, capsys):
+    bad = _bad_files(run_dir / "trajectories")
+    pq.write_table(_table(extra_column=pa.array([1, 2]), em=None), run_dir / "trajectories" / "step_000010.parquet")
+    run = load_run(run_dir)
+    assert [s.label for s in run.sources] == ["step 1", "step 2", "step 10", "eval adaptive", "eval react"]
+    assert {p.name: why for p, why in run.skipped}.keys() == bad.keys()
+    for path, why in run.skipped:
+        assert bad[path.name] in why
+    assert len(build_index(run)["rows"]) == 4 * 2 + 2 + 4 * 2
+    assert len(step_stats(run)) == 5
+    out = tmp_path / "r.html"
+    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("[view] warning: skipped ")]
+    assert len(warnings) == len(bad)
+    assert all(any(name in w for w in warnings) for name in bad)
+    assert "Traceback" not in captured.err
+    assert out.is_file()
+
+
+def test_only_bad_files_is_an_error(tmp_path, fails):
+    traj = tmp_path / "run" / "trajectories"
+    save_trajectories([trajectory(0)], traj / "step_000001.parquet")
+    _bad_files(traj)
+    (traj / "step_000001.parquet").write_bytes(b"PAR1 not really")
+    before = listing(tmp_path)
+    err = fails([str(tmp_path / "run"), "--out", str(tmp_path / "r.html")])
+    assert "no readable trajectory file" in err
+    assert "7 files" in err
+    assert "step_000001.parquet" in err
+    assert listing(tmp_path) == before
+    with pytest.raises(ValueError, match="no readable trajectory file"):
+        load_run(tmp_path / "run")
+
+
+def test_odd_values_in_a_good_file_are_served(tmp_path):
+    """Binary and timestamp per-turn extras, null answers and NaN rewards all reach the page."""
+    turn = pa.struct([("response_text", pa.string()), ("action", pa.string()), ("blob", pa.binary()),
+                      ("when", pa.timestamp("s")), ("prompt_ids", pa.list_(pa.int32()))])
+    schema = pa.schema([("question", pa.string()), ("answers", pa.list_(pa.string())), ("reward", pa.float64()),
+                        ("turns", pa.list_(turn))])
+    rows = [{"question": "Q?", "answers": [None, "x"], "reward": float("nan"),
+             "turns": [{"response_text": "<answer>x</answer>", "action": "answer", "blob": b"\x00\xff", "when": 0,
+                        "prompt_ids": [1, 2]}]}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "odd.parquet")
+    run = load_run(tmp_path / "odd.parquet")
+    assert build_index(run)["rows"][0][3] == "x"
+    assert "00ff" in render_page(run, static=True)
+    server = make_server(run, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/api/episode/0", timeout=10) as r:
+            body = json.load(r)
+        assert body["reward"] is None
+        assert body["turns"][0]["extra"]["blob"] == "00ff"
+        assert body["turns"][0]["extra"]["when"].startswith("1970-01-01")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_decoder_skips_ids_out_of_range(tmp_path):
+    """Prompt ids no tokenizer has (negative, past the vocabulary, past 32 bits) are dropped, not an error."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"Question:": 0, "a": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ids = [0, -5, 1, 2**40, 7]
+    turn = pa.struct([("prompt_ids", pa.list_(pa.int64()))])
+    table = pa.table({"question": ["Q?"], "turns": pa.array([[{"prompt_ids": ids}]], pa.list_(turn))})
+    pq.write_table(table, tmp_path / "t.parquet")
+    run = load_run(tmp_path / "t.parquet")
+    run.decode = make_decoder(str(tmp_path), run)
+    assert run.decode is not None
+    assert run.decode(ids) == "Question: a"
+    assert episode(run, 0)["turns"][0]["memory"] is None
