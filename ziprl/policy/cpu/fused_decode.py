@@ -126,6 +126,7 @@ def kernel_for(model: Any) -> tuple[Kernel | None, str | None]:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``float32``."""
     return str(dtype).removeprefix("torch.")
 
 

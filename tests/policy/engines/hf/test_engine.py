@@ -243,6 +243,7 @@ def test_room_in_the_kv_cache_changes_nothing(engine, prompts, monkeypatch):
     from ziprl.policy.engines.hf import engine as hf_engine
 
     monkeypatch.setattr(engine, "unpadded_prefill", False)  # the row-by-row prefill builds roomy caches itself
+    monkeypatch.setattr(engine, "fused_decode", None)  # both caches through the model's forward (an AVX2 CPU fuses)
     kinds = []
     monkeypatch.setattr(hf_engine, "reserve_room", lambda c, room: kv.reserve_room(c, room) or kinds.append(
         {type(layer) for layer in c.layers}))
