@@ -62,9 +62,9 @@ def test_bad_overrides_exit_2_before_any_work(capsys):
 
 def test_a_timed_checkpoint_is_a_whole_checkpoint_with_its_seconds_and_size(tiny_model_dir, tmp_path):
     """``--checkpoint``'s row: the snapshot's and the write's seconds, and the size of a checkpoint that loads."""
-    from tests.learner.test_trainer import make_cfg
     from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
     from ziprl.learner.trainer import Trainer
+    from ziprl.testing.learner import make_cfg
 
     trainer = Trainer(make_cfg(), tiny_model_dir)
     row = gpu_step.timed_checkpoint(trainer, tmp_path)

@@ -120,8 +120,8 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_bf16_zero_step(stage, model_dir):
-    from tests.learner.test_trainer import make_cfg, make_groups
     from ziprl.learner.trainer import Trainer
+    from ziprl.testing.learner import make_cfg, make_groups
 
     trainer = Trainer(make_cfg(bf16=True, zero_stage=stage, lr=1e-3, beta=0.001), model_dir)
     assert trainer.device.type == "cuda"
@@ -139,9 +139,9 @@ def test_a_checkpoint_written_while_the_next_step_trains_holds_the_weights_of_wh
     """The GPU learner's background checkpoint (on by default there: ``run.background_checkpoints``): the snapshot is
     copied off the GPU, the write runs in a thread while the next bf16 ZeRO-2 step changes the weights, and loading
     it gives back the weights (and Adam's step) of when it was taken."""
-    from tests.learner.test_trainer import make_cfg, make_groups
     from ziprl.learner import checkpoint
     from ziprl.learner.trainer import Trainer
+    from ziprl.testing.learner import make_cfg, make_groups
 
     trainer = Trainer(make_cfg(bf16=True, zero_stage=2, lr=1e-3, beta=0.001), model_dir)
     groups = make_groups(model_dir, groups=2, group_size=2, max_turns=2)

@@ -3,10 +3,7 @@ exit code 2 and every file left as it was; paths normalised; links refused; a lo
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -21,28 +18,13 @@ from ziprl.config import load_config
 from ziprl.env.demos import is_demos_file, write_demos
 from ziprl.evaluation.harness import is_eval_entry
 from ziprl.outputs import LOCK, MARKER, OutputError, check_file, locked, own_dir, plan_dir, read_marker
-from ziprl.retrieval.corpus import write_corpus
 from ziprl.retrieval.index_build import adopt_index, build_index
 from ziprl.retrieval.index_files import RetrieverError
-from ziprl.retrieval.types import Passage
 from ziprl.rundir import claim_run_dir, plan_run_dir, prepare_run_dir
+from ziprl.testing.outputs import DEMO_ROW, StubEncoder, corpus, digests, fake_checkpoint, vectors
 from ziprl.view import command as view
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_ROW = {"question_id": "q", "source": "s", "turn": 1, "messages": json.dumps([{"role": "user", "content": "q"}]),
-            "response": "<answer>x</answer>", "action": "answer", "level": 1, "q_com": 0.5}
-
-
-def digests(root: Path) -> dict[str, object]:
-    """Every path under ``root`` (links not followed) -> sha256 of a file, a link's target, or 'dir'."""
-    out: dict[str, object] = {}
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = Path(top, name)
-            rel = str(p.relative_to(root))
-            out[rel] = (("link", os.readlink(p)) if p.is_symlink() else "dir" if p.is_dir()
-                        else hashlib.sha256(p.read_bytes()).hexdigest())
-    return out
 
 
 @pytest.fixture
@@ -50,21 +32,6 @@ def work(tmp_path, monkeypatch):
     """An empty working directory, as in the issue's reproductions."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def corpus(path: Path) -> Path:
-    return write_corpus([Passage(f"d{i}", f"T{i}", f"text {i}") for i in range(3)], path)
-
-
-class StubEncoder:
-    """What build_index asks of an encoder when the vectors are given: 4-dim, no model."""
-
-    dim, encoder_id, path, query_prefix, passage_prefix = 4, "stub", None, "", ""
-
-
-def vectors(path: Path) -> Path:
-    np.save(path, np.eye(3, 4, dtype=np.float32))
-    return path
 
 
 # ---------------------------------------------------------------- the reproductions
@@ -170,17 +137,6 @@ def test_the_directory_is_checked_again_once_the_lock_is_held(work):
     with pytest.raises(OutputError, match="is not empty"), claim_run_dir(plan):
         pytest.fail("the claim went through")
     assert {k: v for k, v in digests(work).items() if k != f"run/{LOCK}"} == before
-
-
-def fake_checkpoint(root: Path) -> None:
-    """What verify_checkpoint accepts: the four files, empty safetensors, a state with every field."""
-    ck = root / "step_1"
-    ck.mkdir(parents=True)
-    for name in ("model", "optimizer", "rng"):
-        (ck / f"{name}.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
-    (ck / "state.json").write_text(json.dumps(dict.fromkeys(
-        ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position"), 1)))
-    (root / "latest").write_text("step_1\n")
 
 
 def test_resume_refuses_a_run_whose_checkpoints_are_a_link(work, capsys, no_models):

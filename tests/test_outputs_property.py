@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.test_outputs import DEMO_ROW, StubEncoder, corpus, digests, fake_checkpoint, vectors
 from ziprl.cli import demos, index, launch, sft, train
 from ziprl.cli import eval as eval_cmd
 from ziprl.env.demos import write_demos
@@ -31,6 +30,7 @@ from ziprl.learner.sft import SFT_WRITES
 from ziprl.outputs import LOCK, MARKER, normalise, own_dir
 from ziprl.paths import atomic_write_json, atomic_write_text
 from ziprl.rundir import write_config
+from ziprl.testing.outputs import DEMO_ROW, StubEncoder, corpus, digests, fake_checkpoint, vectors
 from ziprl.view import command as view
 
 # names a user might have, the ones the commands write among them

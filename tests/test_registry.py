@@ -15,13 +15,14 @@ from ziprl.config import ConfigError, EnvConfig, SamplingConfig, load_config, ma
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
 from ziprl.env.stats import trajectory_stats
-from ziprl.env.tools import Tool, ToolResult, closing_tags
+from ziprl.env.tools import closing_tags
 from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.learner.trainer import rollout_matches_learner
 from ziprl.policy import make_engine
 from ziprl.policy.engine import EngineSpec, GenerationEngine, stop_strings
 from ziprl.registry import ENGINES, REWARDS, STRATEGIES, TOOLS, TRANSPORTS, Registry
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.echo_tool import Echo
 from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 from ziprl.weights import LearnerWeights
 
@@ -108,22 +109,6 @@ def test_registration_modules_import_neither_torch_nor_vllm_nor_llama_cpp():
             "sorted(m for m in ('torch', 'vllm', 'llama_cpp') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out == "('hf', 'vllm', 'llamacpp') VLLMEngine []\n"
-
-
-class Echo(Tool):
-    """A tool that returns its argument reversed: what a newcomer's plug-in file would hold."""
-
-    stats_key = "echoes"
-
-    def describe(self, cfg: EnvConfig) -> str:
-        return "<echo>text</echo> returns the text reversed"
-
-    def run(self, env, argument: str, written: str) -> ToolResult:
-        if not argument.isascii():
-            raise ValueError("ASCII only")
-        from ziprl.env.context import Observation
-
-        return ToolResult(Observation(env.turn, f"echo {argument}", argument[::-1]))
 
 
 def test_registering_a_tool_is_all_it_takes(monkeypatch):

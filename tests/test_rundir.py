@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.learner.test_trainer import make_cfg, requires_deepspeed
 from ziprl.cli import launch, train
 from ziprl.learner.checkpoint import clean_orphans, latest_checkpoint, save_checkpoint, verify_checkpoint
 from ziprl.outputs import MARKER, OutputError, read_marker
 from ziprl.rundir import prepare_run_dir, write_config
+from ziprl.testing.learner import make_cfg, requires_deepspeed
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,13 @@
 the package ``ziprl/<path>/<module>/``), e.g. ``tests/policy/engines/hf/test_engine.py`` tests
 ``ziprl/policy/engines/hf/engine.py`` and ``tests/env/test_search_env_fuzz.py`` fuzzes ``ziprl/env/search_env.py``.
 The few top-level files that test something across the package (every command, a script, a benchmark) are listed
-in ``CROSS_CUTTING``. Helpers shared with the benchmarks live in ``ziprl/testing/``, fixtures in ``conftest.py``.
+in ``CROSS_CUTTING``. Helpers that two test files (or the benchmarks) share live in ``ziprl/testing/``, fixtures in
+``conftest.py``; a test file imports no other.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -67,3 +69,17 @@ def test_tests_hold_only_tests_and_fixtures():
     others = [p.relative_to(TESTS).as_posix() for p in sorted(TESTS.rglob("*.py"))
               if p.name not in ("__init__.py", "conftest.py") and not p.name.startswith("test_")]
     assert others == []
+
+
+def test_no_test_file_imports_another():
+    """A test file imports from ``tests`` only ``tests.conftest`` (and itself, to run a worker in a subprocess):
+    helpers two files share live in ``ziprl/testing/``."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        own = ".".join(path.relative_to(TESTS.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found += [f"{path.relative_to(TESTS).as_posix()}: {n}" for n in names
+                      if n.split(".")[0] == "tests" and n not in ("tests.conftest", own)]
+    assert found == []

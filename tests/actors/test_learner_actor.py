@@ -10,13 +10,13 @@ import pytest
 import ray
 
 from tests.conftest import requires_cpu_bf16
-from tests.learner.test_trainer import make_cfg, make_groups, requires_deepspeed
 from ziprl.actors.driver import RefsFinished, check_resources
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.config import ConfigError, load_config
 from ziprl.env.group import to_arrow
 from ziprl.learner.trainer import Trainer, warmup_factor
 from ziprl.registry import TRANSPORTS
+from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 from ziprl.weights.buckets import unpack
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]

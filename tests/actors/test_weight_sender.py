@@ -9,12 +9,12 @@ import pytest
 import ray
 import torch
 
-from tests.learner.test_trainer import make_cfg, make_groups, requires_deepspeed
 from ziprl.actors.learner_actor import LearnerGroup
 from ziprl.actors.rollout_actor import RolloutActor
 from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ConfigError
 from ziprl.env.group import to_arrow
+from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
 

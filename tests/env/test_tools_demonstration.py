@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_registry import Echo
 from ziprl.config import EnvConfig, ZipRLConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.context import Observation
@@ -16,6 +15,7 @@ from ziprl.env.tools import Tool, ToolResult
 from ziprl.integrations.rllib import HeuristicCandidates
 from ziprl.registry import TOOLS
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.echo_tool import Echo
 from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 
 EXAMPLE = QAExample("q", "Which city is the capital of France?", ["Paris"], supporting_titles=["Paris"])

@@ -23,19 +23,11 @@ from ziprl.integrations.rllib import (
 )
 from ziprl.registry import STRATEGIES
 from ziprl.retrieval.types import Passage, QAExample
+from ziprl.testing.byte_tokenizer import ByteTokenizer
 from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 
 DERRICKSON = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"])
 PARIS = QAExample("q2", "Which city is the capital of France?", ["Paris"])
-
-
-class ByteTokenizer:
-    """A callable-free test tokenizer: one id per UTF-8 byte."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
 
 
 def make(max_len: int = 128, n: int = 8, passages=PASSAGES, **env_kw) -> TokenizedSearchCompressEnv:

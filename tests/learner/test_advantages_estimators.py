@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from tests.learner.test_trainer import make_cfg, make_groups, requires_deepspeed
 from ziprl.config import ConfigError, LearnerConfig, load_config
 from ziprl.env.group import Group
 from ziprl.env.trajectory import Trajectory, Turn
@@ -18,6 +17,7 @@ from ziprl.learner.advantages.grpo import grpo
 from ziprl.learner.advantages.rloo import rloo_advantages
 from ziprl.learner.losses import token_weight
 from ziprl.registry import ADVANTAGES, LOSS_NORMS, LOSSES
+from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 
 
 def test_registered_names_in_order():

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.learner.test_trainer import make_cfg, make_groups, requires_deepspeed
 from ziprl.learner.checkpoint import (
     CheckpointError,
     export_model,
@@ -19,6 +18,7 @@ from ziprl.learner.checkpoint import (
     save_checkpoint,
 )
 from ziprl.learner.trainer import Trainer
+from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
 

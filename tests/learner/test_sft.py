@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.learner.test_trainer import requires_deepspeed
 from ziprl.cli.sft import main
 from ziprl.config import ModelConfig, ZipRLConfig
 from ziprl.learner.batch import make_micro_batches, response_logprobs
@@ -26,6 +25,7 @@ from ziprl.learner.sft import (
     sft_rows,
 )
 from ziprl.policy.models import load_model, load_tokenizer, resolve_model_path
+from ziprl.testing.learner import requires_deepspeed
 
 DEMOS = [
     {"messages": [{"role": "system", "content": "Search, compress, answer."},

@@ -7,27 +7,19 @@ import json
 import pytest
 
 from tests.conftest import requires_cpu_bf16
-from tests.learner.test_trainer import requires_deepspeed
-from ziprl.config import load_config
 from ziprl.env.trajectory import load_trajectories
+from ziprl.testing.learner import requires_deepspeed
+from ziprl.testing.loop import train_cfg
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
-
-
-def _cfg(model, out, steps, resume=False):
-    return load_config(None, [
-        f"run.sft_checkpoint={model}", f"run.out_dir={out}", f"learner.steps={steps}", f"run.resume={resume}",
-        "rollout.group_size=2", "learner.global_batch_questions=2", "env.max_turns=2", "sampling.max_new_tokens=8",
-        "model.device=cpu", "learner.beta=0.001", "data.limit=5",
-    ])
 
 
 def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_path):
     from ziprl.loop.in_process import train
 
-    straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
-    train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
-    resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
+    straight = train(train_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
+    train(train_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
+    resumed = train(train_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
 
     lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]  # the resumed run appended step 3 only
@@ -57,9 +49,9 @@ def test_a_resumed_run_keeps_the_dtype_its_checkpoint_was_written_in(tiny_model_
 
     answers = [True, True, False]  # the straight run, the first two steps, then what the resumed run would measure
     monkeypatch.setattr(hardware, "bf16_pays", lambda device: answers.pop(0))
-    straight = train(_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
-    train(_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
-    resumed = train(_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
+    straight = train(train_cfg(tiny_model_dir, tmp_path / "a", 3), progress=False)
+    train(train_cfg(tiny_model_dir, tmp_path / "b", 2), progress=False)
+    resumed = train(train_cfg(tiny_model_dir, tmp_path / "b", 3, resume=True), progress=False)
     for key in ("learner/loss", "learner/kl", "learner/mismatch_abs_mean"):
         assert resumed[key] == pytest.approx(straight[key]), key
     assert answers == [False]  # the resumed run did not measure: its checkpoint decided
@@ -90,7 +82,7 @@ def test_the_engine_generates_in_the_learners_dtype_under_auto(tiny_model_dir, t
         raise _Built(model_cfg.dtype)
 
     monkeypatch.setattr(ziprl.policy, "make_engine", make_engine)
-    cfg = _cfg(tiny_model_dir, tmp_path, 1)
+    cfg = train_cfg(tiny_model_dir, tmp_path, 1)
     cfg.model.dtype, cfg.learner.bf16 = dtype, bf16
     with pytest.raises(_Built) as built:
         train(cfg, progress=False)

@@ -13,9 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.learner.test_trainer import requires_deepspeed
-from tests.loop.test_in_process import _cfg as train_cfg
-from tests.loop.test_scheduler import QUESTIONS, SimulatedSource
 from ziprl.config import ConfigError, load_config
 from ziprl.env.group import Group
 from ziprl.env.trajectory import Trajectory, load_trajectories
@@ -23,6 +20,8 @@ from ziprl.loop.in_process import nothing_runs
 from ziprl.loop.scheduler import RolloutScheduler
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import has_variance, train_loop
+from ziprl.testing.learner import requires_deepspeed
+from ziprl.testing.loop import QUESTIONS, SimulatedSource, train_cfg
 
 
 def varied(question_id: str) -> bool:

@@ -32,9 +32,9 @@ def test_the_in_process_push_hands_the_engine_its_own_copy_in_its_dtype(tiny_mod
     (a float32 engine takes the tensor as it is, so the copy is what keeps them apart)."""
     import torch
 
-    from tests.learner.test_trainer import make_cfg, make_groups
     from ziprl.learner.trainer import Trainer
     from ziprl.policy import HFEngine
+    from ziprl.testing.learner import make_cfg, make_groups
 
     trainer = Trainer(make_cfg(lr=1e-2, beta=0.0), tiny_model_dir)
     engine = HFEngine(tiny_model_dir, dtype=dtype, device="cpu")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integrations.test_rllib import ByteTokenizer
 from ziprl.config import ConfigError, EnvConfig, load_config
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.integrations.rllib import TokenizedSearchCompressEnv
 from ziprl.registry import STRATEGIES
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.byte_tokenizer import ByteTokenizer
 from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 
 EX = QAExample("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"], ["Scott Derrickson", "Ed Wood"])

@@ -9,6 +9,7 @@ import torch
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine, resolve_model_path
 from ziprl.policy.decoding import sample
+from ziprl.testing.engines import teacher_forced_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -25,14 +26,6 @@ def prompts(engine) -> list[list[int]]:
     return [engine.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
-def _teacher_forced_logprobs(engine: HFEngine, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """log pi(token) at temperature 1 from one unpadded forward pass over prompt + response."""
-    with torch.inference_mode():
-        logits = engine.model(torch.tensor([prompt + response])).logits[0].float()
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return logp.gather(1, torch.tensor(response)[:, None]).squeeze(1)
-
-
 def test_logprobs_equal_teacher_forced_pass_for_padded_batch(engine, prompts):
     assert len({len(p) for p in prompts}) == len(prompts)  # different lengths -> left padding in play
     sampling = SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=24, stop=[])
@@ -40,7 +33,7 @@ def test_logprobs_equal_teacher_forced_pass_for_padded_batch(engine, prompts):
     for g, p in zip(out, prompts, strict=True):
         assert g.prompt_ids == p
         assert len(g.logprobs) == len(g.token_ids) >= 1
-        ref = _teacher_forced_logprobs(engine, p, g.token_ids)
+        ref = teacher_forced_logprobs(engine, p, g.token_ids)
         assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=0)
 
 

@@ -11,8 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.learner.test_trainer import requires_deepspeed
-from tests.policy.engines.hf.test_engine import _teacher_forced_logprobs
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine
 from ziprl.policy.engines.llamacpp.gguf import (
@@ -22,6 +20,8 @@ from ziprl.policy.engines.llamacpp.gguf import (
     tensor_name,
     write_gguf,
 )
+from ziprl.testing.engines import teacher_forced_logprobs
+from ziprl.testing.learner import requires_deepspeed
 
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (the opt-in llamacpp engine: bash scripts/setup.sh --llamacpp)")
@@ -90,7 +90,7 @@ def test_float32_engine_computes_hf_float32s_model(engine, hf, prompts):
         assert len(g.logprobs) == len(g.token_ids) >= 1
         # its own kernels (summation order, RoPE angles built by repeated products): measured mean 2e-4-9e-4,
         # max 1e-3-5e-3 per token against HF float32; a wrong layout (RoPE permutation, a tensor) is off by > 0.1
-        diff = np.abs(np.array(g.logprobs) - _teacher_forced_logprobs(hf, p, g.token_ids).numpy())
+        diff = np.abs(np.array(g.logprobs) - teacher_forced_logprobs(hf, p, g.token_ids).numpy())
         assert diff.mean() < 2e-3, diff
         assert diff.max() < 1e-2, diff
 
@@ -153,7 +153,7 @@ def test_bf16_engine_is_close_and_takes_bf16_pushes(default_model_dir, hf, promp
     try:
         assert (e.weights_device, e.weights_dtype) == ("cpu", "bfloat16")
         g = e.generate(prompts[:1], SamplingConfig(temperature=1.0, max_new_tokens=16, stop=[]), seed=0)[0]
-        diff = np.abs(np.array(g.logprobs) - _teacher_forced_logprobs(hf, prompts[0], g.token_ids).numpy())
+        diff = np.abs(np.array(g.logprobs) - teacher_forced_logprobs(hf, prompts[0], g.token_ids).numpy())
         assert diff.mean() < 0.05, diff
         e.load_weights({n: p.detach().to(torch.bfloat16) for n, p in hf.model.named_parameters()}, 3)
         again = e.generate(prompts[:1], SamplingConfig(temperature=1.0, max_new_tokens=16, stop=[]), seed=0)[0]

@@ -1,0 +1,63 @@
+"""The loop tests' inputs: a short single-process training config, fifty questions, and rollout workers that finish
+jobs in random order and sometimes die."""
+
+from __future__ import annotations
+
+import random
+
+from ziprl.config import ZipRLConfig, load_config
+from ziprl.env.group import Group
+from ziprl.env.trajectory import Trajectory
+from ziprl.loop.source import Completion
+from ziprl.retrieval.types import QAExample
+
+QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(50)]
+
+
+def train_cfg(model, out, steps, resume=False) -> ZipRLConfig:
+    """``steps`` steps of ``python -m ziprl.train`` on CPU from ``model`` into ``out``: 2 questions of 2, 2 turns."""
+    return load_config(None, [
+        f"run.sft_checkpoint={model}", f"run.out_dir={out}", f"learner.steps={steps}", f"run.resume={resume}",
+        "rollout.group_size=2", "learner.global_batch_questions=2", "env.max_turns=2", "sampling.max_new_tokens=8",
+        "model.device=cpu", "learner.beta=0.001", "data.limit=5",
+    ])
+
+
+class SimulatedSource:
+    """Workers that finish jobs in random order and sometimes die mid-job (then are restarted, as Ray does)."""
+
+    def __init__(self, workers: int, per_call: int, group_size: int, rng: random.Random, death_p: float):
+        self.num_workers, self.questions_per_call = workers, per_call
+        self.group_size, self.rng, self.death_p = group_size, rng, death_p
+        self.version = 0  # the weights every worker has (pushed synchronously by the loop)
+        self.jobs: dict[int, tuple[int, list[QAExample], int, int]] = {}
+        self.generated: list[str] = []
+        self.busy_workers: set[int] = set()
+        self.seeds: list[tuple[int, tuple[str, ...]]] = []
+
+    def submit(self, worker, ticket, examples, seed):
+        assert worker not in self.busy_workers, "a worker was given a second job"
+        assert 1 <= len(examples) <= self.questions_per_call
+        self.busy_workers.add(worker)
+        self.jobs[ticket] = (worker, list(examples), seed, self.version)
+        self.seeds.append((seed, tuple(e.id for e in examples)))
+
+    def wait(self):
+        assert self.jobs, "wait() with nothing running would block forever"
+        tickets = self.rng.sample(sorted(self.jobs), self.rng.randint(1, len(self.jobs)))
+        out = []
+        for t in tickets:
+            worker, examples, _, version = self.jobs.pop(t)
+            self.busy_workers.discard(worker)
+            if self.rng.random() < self.death_p:
+                out.append(Completion(t, None))
+                continue
+            groups = []
+            for qi, ex in enumerate(examples):  # a job may hold one question twice (epoch boundary)
+                gid = f"{t}:{qi}:{ex.id}"
+                groups.append(Group(tuple(Trajectory(question_id=ex.id, question=ex.question, answers=ex.answers,
+                                                     group_id=gid, sample_index=s, policy_version=version)
+                                          for s in range(self.group_size))))
+                self.generated.append(gid)
+            out.append(Completion(t, groups, {"tokens": 10.0, "gen_seconds": 0.1}))
+        return out
