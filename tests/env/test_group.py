@@ -25,6 +25,7 @@ READS_GROUP_SIZE = {
     "config/schema.py": "cross-field validation of the setting",
     "evaluation/harness.py": "evaluation: samples per question",
     "loop/summary.py": "the run's one-line description names G",
+    "testing/loop.py": "the tests' simulated rollout source forms its groups like rollout_groups",
 }
 
 
