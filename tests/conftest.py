@@ -20,6 +20,24 @@ if SHARED.is_dir():
     os.environ.setdefault("ZIPRL_DATA", str(SHARED))
 
 
+# The README's test command runs two pytest-xdist workers (`-n 2 --dist loadgroup`). Each worker computes with one
+# torch thread, so that two workers share the cores instead of thrashing them (subprocesses keep their defaults). A
+# module's tests stay in one worker, so its module fixtures (a loaded model, a played rollout) are built once; every
+# module marked `ray_cluster` runs in one worker, one after another: two 2-CPU Ray clusters at once would starve both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            group = "ray_cluster" if any(item.iter_markers("ray_cluster")) else item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _cpu_has_bf16() -> bool:
     from ziprl.learner.hardware import cpu_has_bf16
 

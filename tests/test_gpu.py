@@ -1,6 +1,6 @@
 """GPU-only checks (run by scripts/gpu_check.sh): HFEngine on CUDA (its static-cache decode steps captured as CUDA
-graphs), a DeepSpeed bf16 ZeRO step, the collective weight push over NCCL between two processes, and vLLM when
-installed. A random tiny Llama and a tokenizer built here (ziprl/testing/local_model.py): nothing downloaded. Every test
+graphs, also on a rollout thread's own stream), a DeepSpeed bf16 ZeRO step, the collective weight push over NCCL
+between two processes, and vLLM when installed. A random tiny Llama and a tokenizer built here (ziprl/testing/local_model.py): nothing downloaded. Every test
 skips with its reason on a machine without CUDA."""
 
 from __future__ import annotations
@@ -116,6 +116,48 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
     for g in bf16.generate(prompts, SamplingConfig(max_new_tokens=16, stop=[]), seed=0):  # a sampled row may end early
         assert 1 <= len(g.token_ids) <= 16
         assert len(g.token_ids) == 16 or g.token_ids[-1] in bf16.eos_ids, g.finish_reason
+
+
+def test_a_rollout_job_on_its_own_stream_beside_the_learners_work_generates_what_it_generates_alone(model_dir):
+    """rollout.overlap=thread on CUDA: an HFEngine captures and replays its static-decode graphs on the job's stream,
+    on a thread, while the main thread keeps the default stream busy and synchronises the device (as a learner step's
+    clock does): the same greedy tokens and log-probs as an engine alone; after a weight push on the default stream the
+    next job generates the new weights' tokens."""
+    from ziprl.config import SamplingConfig
+    from ziprl.learner.sft import chat_prompt_ids
+    from ziprl.policy import HFEngine, load_model
+    from ziprl.policy.side_stream import side_stream
+
+    alone, beside = HFEngine(model_dir, device="cuda"), HFEngine(model_dir, device="cuda")
+    base = chat_prompt_ids(alone.tokenizer, [{"role": "user", "content": "who wrote the book"}])
+    prompts, greedy = [base, base[:5], base[3:]], SamplingConfig(greedy=True, max_new_tokens=40, stop=[])
+    stream = side_stream(beside.weights_device)
+
+    def job_beside_learner_work() -> list:
+        got: list = []
+
+        def job() -> None:
+            with stream():
+                got.extend(beside.generate(prompts, greedy))
+
+        thread, a = threading.Thread(target=job), torch.randn(1024, 1024, device="cuda")
+        thread.start()
+        while thread.is_alive():
+            a = torch.tanh(a @ a)
+            torch.cuda.synchronize()
+        thread.join()
+        return got
+
+    for version in (0, 1):
+        if version:
+            named = dict(_perturbed(load_model(model_dir, "float32", "cpu")))
+            alone.load_weights(named, version)
+            beside.load_weights(named, version)
+        want, got = alone.generate(prompts, greedy), job_beside_learner_work()
+        assert [g.token_ids for g in got] == [g.token_ids for g in want]
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+    assert beside.static_decode.captures >= 1
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -27,6 +27,7 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_one_step_example.py": "examples/one_step.py",
     "test_benchmark_common.py": "benchmarks/_common.py",
     "test_benchmark_gpu_step.py": "benchmarks/gpu_step.py",
+    "test_benchmark_gpu_async.py": "benchmarks/gpu_async.py",
     "test_benchmark_learning.py": "benchmarks/learning.py and benchmarks/learning_compare.py",
     "test_results_index.py": "benchmarks/README.md indexes benchmarks/results/",
 }
@@ -83,3 +84,11 @@ def test_no_test_file_imports_another():
             found += [f"{path.relative_to(TESTS).as_posix()}: {n}" for n in names
                       if n.split(".")[0] == "tests" and n not in ("tests.conftest", own)]
     assert found == []
+
+
+def test_every_file_that_starts_ray_is_marked_ray_cluster():
+    """Under the README's `-n 2`, modules marked ``ray_cluster`` run one at a time in one worker (conftest.py): an
+    unmarked one could start a second 2-CPU cluster beside a running one."""
+    unmarked = [p.relative_to(TESTS).as_posix() for p in sorted(TESTS.rglob("test_*.py"))
+                if "ray.init(" in (text := p.read_text(encoding="utf-8")) and "pytest.mark.ray_cluster" not in text]
+    assert unmarked == []

@@ -13,7 +13,7 @@ import ray
 
 from ziprl.config import ModelConfig, load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 
 def _kill_rollout_actor_mid_batch(done: threading.Event, killed: list) -> None:

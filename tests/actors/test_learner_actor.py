@@ -19,7 +19,7 @@ from ziprl.registry import TRANSPORTS
 from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 from ziprl.weights.buckets import unpack
 
-pytestmark = [pytest.mark.slow, requires_deepspeed]
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster, requires_deepspeed]
 
 
 @pytest.fixture(scope="module")

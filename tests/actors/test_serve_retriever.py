@@ -29,7 +29,7 @@ from ziprl.retrieval.corpus import write_corpus  # noqa: E402
 from ziprl.retrieval.retriever import Encoder, Retriever, RetrieverError, UnknownDocument, build_index  # noqa: E402
 from ziprl.retrieval.types import Hit, Passage  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 SAMPLE = REPO / "ziprl" / "data" / "sample" / "corpus.jsonl.gz"
 WIKI = SHARED / "wiki18_passages_sample" / "flashrag_wiki18_sample_1000.jsonl.gz"

@@ -21,7 +21,7 @@ from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
 from ziprl.retrieval.datasets import corpus_for  # noqa: E402
 from ziprl.retrieval.retriever import Encoder, Retriever, build_index  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 N_DOCS = 40
 
 

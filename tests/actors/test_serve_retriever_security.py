@@ -11,6 +11,7 @@ import pytest
 from ziprl.config import HTTP_TOKEN_ENV, ConfigError, load_config
 
 serve_retriever = pytest.importorskip("ziprl.actors.serve_retriever")
+pytestmark = pytest.mark.ray_cluster
 
 
 def test_deeply_nested_json_is_a_400_message_not_a_recursion_error():

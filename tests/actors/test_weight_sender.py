@@ -16,7 +16,7 @@ from ziprl.config import ConfigError
 from ziprl.env.group import to_arrow
 from ziprl.testing.learner import make_cfg, make_groups, requires_deepspeed
 
-pytestmark = [pytest.mark.slow, requires_deepspeed]
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster, requires_deepspeed]
 
 
 def _cfg(transport: str, bucket_mb: float):

@@ -56,6 +56,19 @@ def test_plain_values_still_load():
     assert cfg.env.max_turns == 16
 
 
+def test_off_on_yes_and_no_are_words_that_a_boolean_field_reads_as_booleans(tmp_path):
+    """YAML 1.2's booleans (true, false): a word field keeps off (rollout.overlap=off, not 'False')."""
+    assert yaml_value("[off, On, yes, NO, true, FALSE]", "x") == ["off", "On", "yes", "NO", True, False]
+    cfg = load_config(None, ["rollout.overlap=off", "learner.rollout_correction=off", "run.resume=on",
+                             "rollout.dynamic_sampling=yes", "learner.bf16=no"])
+    assert (cfg.rollout.overlap, cfg.learner.rollout_correction) == ("off", "off")
+    assert (cfg.run.resume, cfg.rollout.dynamic_sampling, cfg.learner.bf16) == (True, True, False)
+    path = tmp_path / "words.yaml"
+    path.write_text("rollout:\n  overlap: off\nrun:\n  resume: off\n")
+    cfg = load_config(path)
+    assert (cfg.rollout.overlap, cfg.run.resume) == ("off", False)
+
+
 @pytest.mark.parametrize("raw, needle", [
     ("[1", "env.max_turns: not valid YAML"),
     ("{a: 1", "env.max_turns: not valid YAML"),

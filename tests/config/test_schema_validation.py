@@ -21,6 +21,10 @@ from ziprl.policy.rollout import rollout
     (["model.engine=vllm", "model.device=cpu"], "model.engine=vllm runs on CUDA only"),
     (["rollout.batch_questions=5", "learner.global_batch_questions=2", "ray.max_staleness=1"],
      "rollout.batch_questions=5 is more than the 4 groups"),
+    (["rollout.overlap=thread", "ray.max_staleness=0"],
+     "rollout.overlap=thread generates the next batch while the learner trains on this one, so that batch is one "
+     "policy version old, and ray.max_staleness=0 allows none: set ray.max_staleness >= 1, or rollout.overlap=off"),
+    (["rollout.overlap=threads"], "rollout.overlap must be off, thread or auto, got 'threads'"),
 ])
 def test_impossible_combinations_are_refused(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -31,6 +35,8 @@ def test_the_edges_of_those_combinations_validate():
     load_config(None, ["learner.drop_zero_variance_groups=true", "rollout.group_size=2",
                        "rollout.batch_questions=4", "learner.global_batch_questions=2", "ray.max_staleness=1",
                        "model.engine=vllm", "model.device=auto"])
+    load_config(None, ["rollout.overlap=thread", "ray.max_staleness=1"])
+    load_config(None, ["rollout.overlap=auto", "ray.max_staleness=0"])  # auto picks off by itself
 
 
 class LongResponses:

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 ENV_CONFIG = {"max_len": 128, "num_candidates": 8, "env": {"max_turns": 4}}
 

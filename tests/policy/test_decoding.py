@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,14 +12,19 @@ from ziprl.policy.decoding import DecodeRows
 from ziprl.policy.models import load_tokenizer
 
 
+@pytest.fixture(scope="module")
+def tok(default_model_dir):
+    """SmolLM2's tokenizer, loaded once: the property test below draws 200 examples."""
+    return load_tokenizer(default_model_dir)
+
+
 def _rows(tokenizer, stop, n=1):
     return DecodeRows(tokenizer, frozenset({2}), [[1, 5]] * n, SamplingConfig(max_new_tokens=8, stop=stop))
 
 
-def test_a_stop_string_inside_a_special_tokens_text_is_not_a_stop(default_model_dir):
+def test_a_stop_string_inside_a_special_tokens_text_is_not_a_stop(tok):
     """Regression (found by the llamacpp property test): the tail was checked with special tokens rendered and the
     text cut without them, so "<|im_start|>" ended a row on stop "a" and generations() raised on an empty min()."""
-    tok = load_tokenizer(default_model_dir)
     assert "a" in tok.decode([1])
     assert "a" not in tok.decode([1], skip_special_tokens=True)
     rows = _rows(tok, ["a"])
@@ -34,10 +40,9 @@ def test_a_stop_string_inside_a_special_tokens_text_is_not_a_stop(default_model_
 @settings(max_examples=200, deadline=None)
 @given(tokens=st.lists(st.integers(0, 49151), min_size=1, max_size=8),
        stop=st.sampled_from([[], ["a"], ["</search>", "\n"], ["<"], [" "]]))
-def test_any_tokens_give_a_generation(default_model_dir, tokens, stop):
+def test_any_tokens_give_a_generation(tok, tokens, stop):
     """Whatever tokens a model emits (special ones included), the bookkeeping never raises, and a row stopped by a
     string has text ending right after that string."""
-    tok = load_tokenizer(default_model_dir)
     rows = _rows(tok, stop)
     for t in tokens:
         if not rows.active:

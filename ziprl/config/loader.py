@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import sys
 import types
 import typing
@@ -109,6 +110,8 @@ PLAIN_TAGS = tuple(f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "fl
 MAX_DEPTH = 16  # nesting of lists and mappings in one config value; the deepest config field needs 3
 MAX_CONFIG_BYTES = 1 << 20
 PLAIN_DATA = "config values are plain data: strings, numbers, booleans, null, lists and mappings"
+BOOL_TAG = "tag:yaml.org,2002:bool"
+YAML12_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 
 
 class _NotPlainData(Exception):
@@ -131,8 +134,7 @@ def _plain_loader() -> type:
     class PlainLoader(yaml.SafeLoader):
         yaml_constructors = {**{t: yaml.SafeLoader.yaml_constructors[t] for t in PLAIN_TAGS}, None: refuse}
         yaml_multi_constructors: dict = {}
-        yaml_implicit_resolvers = {c: [(t, r) for t, r in rs if t in plain]
-                                   for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        yaml_implicit_resolvers = _resolvers(yaml.SafeLoader.yaml_implicit_resolvers, plain)
         depth = 0
 
         def compose_node(self, parent: Any, index: Any) -> Any:
@@ -162,6 +164,16 @@ def _plain_loader() -> type:
             return super().construct_mapping(node, deep)
 
     return PlainLoader
+
+
+def _resolvers(safe: dict[Any, list[tuple[str, Any]]], plain: set[str]) -> dict[Any, list[tuple[str, Any]]]:
+    """SafeLoader's implicit resolvers (``safe``) of the ``plain`` tags, booleans spelled as YAML 1.2 spells them:
+    true and false only, so off, on, yes and no stay words (a boolean field still reads them as booleans, and a word
+    field such as rollout.overlap=off keeps the word)."""
+    out = {c: [(t, r) for t, r in rs if t in plain and t != BOOL_TAG] for c, rs in safe.items()}
+    for c in "tTfF":
+        out.setdefault(c, []).insert(0, (BOOL_TAG, YAML12_BOOL))
+    return out
 
 
 def _yaml_problem(exc: Exception) -> str:

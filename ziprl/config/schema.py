@@ -187,6 +187,14 @@ class RolloutConfig:
     max_sample_rounds: int = opt(10, "with dynamic_sampling, a step samples at most this many x "
                                      "learner.global_batch_questions groups (verl: max_num_gen_batches), then "
                                      "fills up with zero-variance groups and warns; 0 = no limit.")
+    overlap: str = opt("off", "ziprl.train (one process): how generation shares the process with the learner. "
+                              "off: a step's rollouts generate while the learner waits, never beside its step. "
+                              "thread: a job starts on a background thread when it is admitted (on CUDA on a "
+                              "stream of its own), so the next batch generates, with the weights of the step "
+                              "before, while the learner trains on this one; the weight push waits for the job "
+                              "in flight. Needs ray.max_staleness >= 1. auto: thread with the engine on CUDA and "
+                              "ray.max_staleness >= 1, else off (on a CPU the two would take the same cores). "
+                              "Default off until benchmarks/gpu_async.py has measured thread on a GPU.")
 
 
 @dataclass
@@ -391,6 +399,12 @@ class ZipRLConfig:
              f"ray.http_host must be an address such as 127.0.0.1, got {shown(self.ray.http_host)}"),
             (self.rollout.dynamic_sampling_metric in ("reward", "em", "f1"),
              f"rollout.dynamic_sampling_metric must be reward, em or f1, got {self.rollout.dynamic_sampling_metric!r}"),
+            (self.rollout.overlap in OVERLAPS,
+             f"rollout.overlap must be off, thread or auto, got {shown(self.rollout.overlap)}"),
+            (self.rollout.overlap != "thread" or self.ray.max_staleness >= 1,
+             "rollout.overlap=thread generates the next batch while the learner trains on this one, so that batch is "
+             "one policy version old, and ray.max_staleness=0 allows none: set ray.max_staleness >= 1, or "
+             "rollout.overlap=off (auto picks off by itself with ray.max_staleness=0)"),
             (self.rollout.max_sample_rounds >= 0,
              f"rollout.max_sample_rounds must be >= 0 (0 = no limit), got {self.rollout.max_sample_rounds}"),
             (not self.rollout.dynamic_sampling or self.rollout.group_size >= 2,
@@ -445,6 +459,7 @@ def resolve_engine_dtype(model: ModelConfig, learner_bf16: bool | None) -> Model
 
 MIN_RESPONSE_CHARS = 64  # env.max_response_chars floor: a compress block plus one action
 DTYPES = ("float32", "bfloat16", "float16")
+OVERLAPS = ("off", "thread", "auto")  # rollout.overlap
 
 
 DEVICE_RE = r"auto|cpu|cuda(:[0-9]{1,3})?"  # model.device

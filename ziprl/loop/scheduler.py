@@ -162,6 +162,11 @@ class RolloutScheduler:
         self.version = version
         self._fill()  # new capacity: start jobs right away, while the loop logs and checkpoints
 
+    def waited(self, seconds: float) -> None:
+        """Count ``seconds`` the learner waited for a rollout outside :meth:`next_batch` (an in-place weight push
+        waiting for the job in flight) in this step's wait."""
+        self._wait += seconds
+
     def idle_probe(self) -> Callable[[], bool]:
         """The source's probe of the jobs running now: true once all of them have finished (picklable, so a learner in
         another process can poll it during its step; no job starts before :meth:`advance`)."""

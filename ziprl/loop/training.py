@@ -69,7 +69,8 @@ class LocalLearner:
         return self.trainer.policy_version
 
     def train_step(self, groups: list[Group], rollouts_idle: Callable[[], bool] | None = None) -> dict[str, float]:
-        # generation runs in this process too, never beside the step: its threads are already the process's
+        # generation runs in this process too (in the loop's wait, or on the source's thread beside the step with
+        # rollout.overlap): its threads are already the process's, none to take
         return {**self.trainer.train_step(groups), "rss_peak_mb": peak_rss_mb()}
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
@@ -147,6 +148,8 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: Rollou
         t1 = time.perf_counter()
         version = learner.version
         pushed = push.push(version)
+        waited = pushed.get("wait_seconds", 0.0)  # for the job in flight (rollout.overlap=thread)
+        sched.waited(waited)
         sched.advance(version)
         t2 = time.perf_counter()
         save_groups(groups, out / "trajectories" / f"step_{version:06d}.parquet")
@@ -156,7 +159,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: Rollou
         if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
             # written beside the next step; the run's last checkpoint is whole before the loop returns
             learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
-        timings = {"train": t1 - t0, "push": t2 - t1, "save": time.perf_counter() - t2}
+        timings = {"train": t1 - t0, "push": t2 - t1 - waited, "save": time.perf_counter() - t2}
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()

@@ -32,7 +32,8 @@ class WeightSender(ABC):
 
     @abstractmethod
     def push(self, version: int) -> dict[str, float]:
-        """Push the weights of ``version``; every engine applies them before its next batch. {"seconds", "bytes"}."""
+        """Push the weights of ``version``; every engine applies them before its next batch. {"seconds", "bytes"},
+        and "wait_seconds" where the push first waited for a generating job (not in "seconds")."""
 
     @abstractmethod
     def close(self) -> None:

@@ -1,0 +1,141 @@
+"""Async on one GPU (issue 48, item 4): ``ziprl.train`` steps with each batch generated inside the loop's wait
+(``rollout.overlap=off``) against the next batch generated on a thread and a CUDA stream of its own while the learner
+trains on this one (``thread``), the run otherwise the same.
+
+    python benchmarks/gpu_async.py [--modes off,thread] [--steps 6] [--questions 8] [--group 8] [--turns 6]
+                                   [--new-tokens 128] [--set KEY=VALUE ...] [--name gpu_async]
+    python benchmarks/gpu_async.py --cpu-smoke   (a tiny random model on the CPU, 2 steps a mode: checks the script)
+
+Each mode runs :func:`ziprl.loop.in_process.train` (what ``python -m ziprl.train`` runs) into a fresh directory:
+the sample questions and index, the embedded SmolLM2-135M (``--set run.sft_checkpoint=DIR`` for a Stage-1 model),
+the learner's settings chosen for the hardware, ``ray.max_staleness=1``, one checkpoint (the last step's). From its
+metrics.jsonl, per mode, the mean over the steps after the first (it warms up kernels and captures the decode graphs)
+and before the last (nothing generates beside the last step): step seconds, generation tokens/s, learner seconds and
+MFU, the seconds the learner waited for rollouts (in thread mode mostly in the weight push, which waits for the job
+in flight) and their share of the step, the mean staleness; ``speedup`` is off's step seconds over the mode's.
+
+Not measured here: a split of the GPU between two processes (``ziprl.launch`` with ``ray.rollout_gpus`` /
+``ray.learner_gpus`` fractions), since the GPU machines this project can use have no Ray (../shared/GPU.md).
+
+It needs what ``ziprl.train`` needs: DeepSpeed, FAISS, the embedded model and the encoder; on a bare GPU machine the
+payload of scripts/gpu_payload.sh, installed as scripts/gpu_learn.sh installs it (its ``STORE/site`` on PYTHONPATH).
+Results: benchmarks/results/<name>.{json,md}. Without a CUDA GPU (and without ``--cpu-smoke``) it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import write_results  # noqa: E402
+
+MODES = ("off", "thread")
+METRICS = {  # row column: metrics.jsonl key
+    "step_s": "perf/step_seconds", "gen_tok_s": "perf/gen_tokens_per_second", "learner_s": "learner/seconds",
+    "mfu": "learner/mfu", "wait_s": "perf/wait_seconds", "wait_frac": "system/learner_wait_frac",
+    "push_s": "perf/weight_push_seconds", "staleness": "system/staleness", "reward": "rollout/reward",
+}
+SMOKE = ["model.device=cpu", "data.limit=5", "learner.beta=0.001"]  # with the tiny model as run.sft_checkpoint
+
+
+def overrides(args, mode: str, out: Path) -> list[str]:
+    """The config overrides of one mode's run: the shape the flags give, then ``--set``."""
+    return [f"learner.global_batch_questions={args.questions}", f"rollout.group_size={args.group}",
+            f"env.max_turns={args.turns}", f"sampling.max_new_tokens={args.new_tokens}", f"learner.steps={args.steps}",
+            f"run.checkpoint_every={args.steps}", "ray.max_staleness=1", f"rollout.overlap={mode}",
+            f"run.out_dir={out / mode}", *args.set]
+
+
+def summary(mode: str, steps: list[dict]) -> dict:
+    """One mode's row from its metrics.jsonl lines: the mean of each METRICS column over the steps after the first and
+    before the last (all of them when there are fewer than three)."""
+    kept = steps[1:-1] or steps
+    row = {"mode": mode, "steps": len(steps), "steps_averaged": len(kept)}
+    row.update({col: statistics.mean(s[key] for s in kept) for col, key in METRICS.items() if all(key in s for s in kept)})
+    return row
+
+
+def run_mode(args, mode: str, out: Path) -> dict:
+    """Train ``--steps`` steps in ``mode``; its row (with the run's wall seconds)."""
+    from ziprl.config import load_config
+    from ziprl.loop.in_process import train
+
+    cfg = load_config(None, overrides(args, mode, out))
+    t0 = time.perf_counter()
+    train(cfg, progress=False)
+    wall = time.perf_counter() - t0
+    lines = (out / mode / "metrics.jsonl").read_text().splitlines()
+    return {**summary(mode, [json.loads(line) for line in lines if line.strip()]), "run_s": wall}
+
+
+def add_speedup(rows: list[dict]) -> None:
+    """Each row's ``speedup``: off's step seconds over the row's (once off has run)."""
+    off = next((r for r in rows if r["mode"] == "off" and r.get("step_s")), None)
+    for row in rows:
+        if off is not None and row.get("step_s"):
+            row["speedup"] = off["step_s"] / row["step_s"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, after the flags")
+    ap.add_argument("--name", help="results name (default gpu_async, with --cpu-smoke gpu_async_cpu_smoke)")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="a tiny random model on the CPU, 2 questions x 2, 2 turns of 8 tokens, 2 steps a mode")
+    args = ap.parse_args(argv)
+    modes = args.modes.split(",")
+    if [m for m in modes if m not in MODES] or not modes:
+        print(f"gpu_async: --modes {args.modes!r}: choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if args.cpu_smoke:
+        args.steps, args.questions, args.group, args.turns, args.new_tokens = 2, 2, 2, 2, 8
+        args.set = SMOKE + args.set
+    name = args.name or ("gpu_async_cpu_smoke" if args.cpu_smoke else "gpu_async")
+    from ziprl.config import ConfigError, load_config
+
+    try:
+        for mode in modes:
+            load_config(None, overrides(args, mode, Path("runs")))
+    except ConfigError as exc:
+        print(f"gpu_async: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("gpu_async: no CUDA GPU visible to PyTorch: nothing to measure (--cpu-smoke checks the script on a CPU)")
+        return 0
+    meta = {"modes": modes, "overrides": overrides(args, "<mode>", Path("<tmp>")), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0) if not args.cpu_smoke else "cpu"}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu_async-") as tmp:
+        if args.cpu_smoke:
+            from ziprl.config import ModelConfig
+            from ziprl.policy.models import build_tiny_llama, resolve_model_path
+
+            tiny = build_tiny_llama(resolve_model_path(ModelConfig()), Path(tmp) / "tiny")
+            args.set = [f"run.sft_checkpoint={tiny}", *args.set]
+        for mode in modes:
+            print(f"gpu_async: {mode}", flush=True)
+            rows.append(run_mode(args, mode, Path(tmp)))
+            add_speedup(rows)
+            write_results(name, rows, meta)  # after each mode: a cut-short run keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

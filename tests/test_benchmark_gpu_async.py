@@ -1,0 +1,68 @@
+"""benchmarks/gpu_async.py without a GPU: bad modes and configs exit 2 before any work, a machine without CUDA is
+told there is nothing to measure, a mode's row averages the steps between the first and the last, and the CPU smoke
+run trains both modes and writes its results with their provenance."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from ziprl.testing.learner import requires_deepspeed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_async  # noqa: E402
+
+
+def test_an_unknown_mode_exits_2_naming_the_choices(capsys):
+    assert gpu_async.main(["--modes", "off,split"]) == 2
+    assert "choose from off, thread" in capsys.readouterr().err
+
+
+def test_thread_without_staleness_exits_2_naming_both_keys(capsys):
+    assert gpu_async.main(["--set", "ray.max_staleness=0"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.overlap=thread" in err
+    assert "ray.max_staleness" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark would run")
+def test_without_cuda_there_is_nothing_to_measure(capsys):
+    assert gpu_async.main([]) == 0
+    assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_a_row_averages_the_steps_after_the_first_and_before_the_last():
+    steps = [{"perf/step_seconds": s, "learner/mfu": 0.1 * s, "system/learner_wait_frac": 0.5} for s in (9.0, 2.0, 4.0, 1.0)]
+    row = gpu_async.summary("thread", steps)
+    assert row == {"mode": "thread", "steps": 4, "steps_averaged": 2, "step_s": 3.0, "mfu": pytest.approx(0.3),
+                   "wait_frac": 0.5}
+    assert gpu_async.summary("off", steps[:2])["step_s"] == 5.5  # too few to drop any
+    rows = [{"mode": "off", "step_s": 3.0}, {"mode": "thread", "step_s": 2.0}]
+    gpu_async.add_speedup(rows)
+    assert [r["speedup"] for r in rows] == [1.0, 1.5]
+
+
+@pytest.mark.slow
+@requires_deepspeed
+def test_the_cpu_smoke_run_trains_both_modes_and_writes_its_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    from ziprl.loop.in_process import THREAD_NAME
+
+    assert gpu_async.main(["--cpu-smoke", "--name", "smoke"]) == 0
+    assert [t for t in threading.enumerate() if t.name == THREAD_NAME] == []
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert [r["mode"] for r in result["rows"]] == ["off", "thread"]
+    for row in result["rows"]:
+        assert row["steps"] == 2
+        assert row["step_s"] > 0
+        assert row["gen_tok_s"] > 0
+        assert 0 <= row["wait_frac"] <= 1
+        assert "mfu" in row
+        assert "speedup" in row
+    assert {"commit", "command", "machine"} <= set(result)
+    assert "| mode |" in (tmp_path / "smoke.md").read_text()
