@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -20,22 +21,33 @@ if SHARED.is_dir():
     os.environ.setdefault("ZIPRL_DATA", str(SHARED))
 
 
-# The README's test command runs two pytest-xdist workers (`-n 2 --dist loadgroup`). Each worker computes with one
-# torch thread, so that two workers share the cores instead of thrashing them (subprocesses keep their defaults). A
-# module's tests stay in one worker, so its module fixtures (a loaded model, a played rollout) are built once; every
-# module marked `ray_cluster` runs in one worker, one after another: two 2-CPU Ray clusters at once would starve both.
+# The README's test command runs two pytest-xdist workers (`-n 2`). Each worker computes with one torch thread, so
+# that the two share the cores instead of thrashing them (subprocesses keep their defaults). A test module is one unit
+# of work, so its module fixtures (a loaded model, a played rollout) are built once, and every module marked
+# `ray_cluster` is in one unit, run one after another: two 2-CPU Ray clusters at once would starve each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if not any(item.iter_markers("xdist_group")):
-            group = "ray_cluster" if any(item.iter_markers("ray_cluster")) else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))
+@functools.cache
+def _starts_ray(path: str) -> bool:
+    return "pytest.mark.ray_cluster" in (REPO / path).read_text(encoding="utf-8")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleOrRayScheduling(LoadScopeScheduling):
+        """xdist's loadscope, with one scope per test module and one for all modules marked ``ray_cluster``."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray_cluster" if path.endswith(".py") and _starts_ray(path) else path
+
+    return ModuleOrRayScheduling(config, log)
 
 
 def _cpu_has_bf16() -> bool:
