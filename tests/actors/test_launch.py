@@ -18,8 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 
 def _kill_rollout_actor_mid_batch(done: threading.Event, killed: list) -> None:
     """SIGKILL a rollout actor's process while it is executing ``run_batch`` (Ray titles it so): a crash."""
-    deadline = time.time() + 600
-    while time.time() < deadline and not done.is_set():
+    while not done.is_set():  # no deadline: on a busy machine the actors may take minutes to load the model
         for proc in psutil.process_iter(["cmdline"]):
             if any("RolloutWorker.run_batch" in part for part in proc.info["cmdline"] or []):
                 try:  # at once: an episode of the untrained model may end in under a second, and no job follows it
@@ -28,7 +27,7 @@ def _kill_rollout_actor_mid_batch(done: threading.Event, killed: list) -> None:
                     continue
                 killed.append(proc.pid)
                 return
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
