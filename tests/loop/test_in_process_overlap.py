@@ -18,6 +18,7 @@ from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
 from ziprl.policy.engine import Generation, GenerationEngine
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.loop import RecordingLogger
 from ziprl.testing.word_retriever import PASSAGES, WordRetriever
 from ziprl.weights.in_process import InProcess
 
@@ -78,14 +79,6 @@ class SleepingLearner:
         return None
 
 
-class Logger:
-    def __init__(self):
-        self.steps = []
-
-    def log(self, step, metrics):
-        self.steps.append((step, metrics))
-
-
 def config(tmp_path, steps=4, staleness=1):
     return load_config(None, [f"run.out_dir={tmp_path}", f"learner.steps={steps}", "learner.global_batch_questions=2",
                               "rollout.group_size=2", "env.max_turns=3", f"ray.max_staleness={staleness}"])
@@ -94,7 +87,7 @@ def config(tmp_path, steps=4, staleness=1):
 def run(tmp_path, overlap, engine=None, learner=None, steps=4, staleness=1):
     """``steps`` steps of the loop over an in-process source (``overlap``) and push; the engine, learner and logger,
     and the source, closed."""
-    cfg, logger = config(tmp_path, steps, staleness), Logger()
+    cfg, logger = config(tmp_path, steps, staleness), RecordingLogger()
     engine, learner = engine or TimedEngine(), learner or SleepingLearner()
     source = InProcessSource(cfg, engine, lambda: SearchCompressEnv(cfg.env, retriever=WordRetriever(PASSAGES),
                                                                    examples=QUESTIONS), overlap)

@@ -12,6 +12,7 @@ from ziprl.loop.source import Completion
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.loop import RecordingLogger
 
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(6)]
 
@@ -75,18 +76,10 @@ class CountingLearner:
         return None
 
 
-class Logger:
-    def __init__(self):
-        self.steps = []
-
-    def log(self, step, metrics):
-        self.steps.append((step, metrics))
-
-
 def test_the_loop_pushes_every_new_version_and_trains_on_it(tmp_path):
     cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=3", "learner.global_batch_questions=2",
                              "ray.max_staleness=0"])
-    push, learner, logger = RecordingPush(), CountingLearner(), Logger()
+    push, learner, logger = RecordingPush(), CountingLearner(), RecordingLogger()
     metrics = train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), logger, progress=False)
     assert push.pushed == [1, 2, 3]
     assert learner.trained == [{0}, {1}, {2}]  # on-policy: every step trains the version pushed before it
@@ -100,7 +93,7 @@ def test_the_loop_pushes_every_new_version_and_trains_on_it(tmp_path):
 def test_a_resumed_learner_pushes_its_version_before_the_first_job(tmp_path):
     cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=3", "learner.global_batch_questions=2"])
     push, learner = RecordingPush(), CountingLearner(version=2)
-    train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), Logger(), progress=False)
+    train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), RecordingLogger(), progress=False)
     assert push.pushed == [2, 3]
     assert learner.trained == [{2}]
 
@@ -111,5 +104,5 @@ def test_the_learner_is_told_when_no_rollout_runs_during_its_step(tmp_path):
     cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=2", "learner.global_batch_questions=2",
                              "ray.max_staleness=1"])
     push, learner = RecordingPush(), CountingLearner()
-    train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), Logger(), progress=False)
+    train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), RecordingLogger(), progress=False)
     assert learner.idle == [False, True]

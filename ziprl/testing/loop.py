@@ -61,3 +61,13 @@ class SimulatedSource:
                 self.generated.append(gid)
             out.append(Completion(t, groups, {"tokens": 10.0, "gen_seconds": 0.1}))
         return out
+
+
+class RecordingLogger:
+    """A metrics logger for the training loop's tests: keeps every (step, metrics) it is given."""
+
+    def __init__(self):
+        self.steps = []
+
+    def log(self, step, metrics):
+        self.steps.append((step, metrics))
