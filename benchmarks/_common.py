@@ -3,6 +3,7 @@ headed by where the result comes from (:func:`provenance`)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -107,6 +108,14 @@ def portable(path: str | Path | None) -> str | None:
         if p.is_relative_to(root):
             return str(Path(label) / p.relative_to(root))
     return p.name
+
+
+def results_name(name: str) -> str:
+    """An argparse ``type`` for a results name: checked when the arguments are parsed, before any work starts."""
+    if not NAME_RE.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"{name[:80]!r}: use letters, digits, '_', '-' or '.' (not first); "
+                                         f"it names files in {RESULTS}")
+    return name
 
 
 def write_results(name: str, rows: list[dict], meta: dict | None = None,

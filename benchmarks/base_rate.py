@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, results_name, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=32, help="the first N training questions")
     ap.add_argument("--group", type=int, default=8, help="G, samples per question")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--name", help="results file name (default base_rate_<task>)")
+    ap.add_argument("--name", type=results_name, help="results file name (default base_rate_<task>)")
     args = ap.parse_args()
 
     from ziprl.config import load_config

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, results_name, write_results  # noqa: E402
 
 
 def timed_write(writer, tensors, path: Path) -> float:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pause", type=float, default=15.0)
     ap.add_argument("--dir", help="where the file is written (default: a new temporary directory)")
-    ap.add_argument("--name", default="checkpoint_write")
+    ap.add_argument("--name", type=results_name, default="checkpoint_write")
     args = ap.parse_args(argv)
     if args.gb <= 0 or args.rounds < 1 or args.pause < 0:
         print("checkpoint_write: need --gb > 0, --rounds >= 1 and --pause >= 0", file=sys.stderr)

@@ -53,7 +53,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from _common import write_results
+from _common import results_name, write_results
 from engine_throughput import QUESTIONS
 
 from ziprl.config import ModelConfig, SamplingConfig
@@ -323,7 +323,7 @@ def main() -> None:
     ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1.0)")
     ap.add_argument("--threads", type=int, default=0, help="torch and CTranslate2 threads (0 = torch's default)")
     ap.add_argument("--prompts", default="chat", choices=("chat", "rollout"), help="prompt shape (see above)")
-    ap.add_argument("--out", default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
+    ap.add_argument("--out", type=results_name, default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
     args = ap.parse_args()
     load_start = os.getloadavg()  # what else ran: on a shared machine tokens/s are as fair as this is low
     if args.threads:

@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 
 
 def timed_ms(fn, repeats: int, warmup: int = 2) -> float:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--seq", type=int, default=1000)
-    ap.add_argument("--name", default="cpu_kernels")
+    ap.add_argument("--name", type=results_name, default="cpu_kernels")
     args = ap.parse_args(argv)
 
     import torch

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import write_results
+from _common import results_name, write_results
 from gpu_step import ARCHS, build_model, unknown_archs
 
 from ziprl.config import ModelConfig, SamplingConfig
@@ -222,7 +222,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=64, help="--arch: rows of one batch")
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="--arch: prompt length")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="--arch: auto = CUDA if any")
-    ap.add_argument("--name", default="engine_throughput_shapes", help="--arch: results file name")
+    ap.add_argument("--name", type=results_name, default="engine_throughput_shapes", help="--arch: results file name")
     ap.add_argument("--tokenizer", help="--arch: a directory holding SmolLM2's tokenizer; default: the embedded model's")
     args = ap.parse_args()
     if args.threads:

@@ -36,7 +36,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 
 MODES = ("off", "thread")
 METRICS = {  # row column: metrics.jsonl key
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, after the flags")
-    ap.add_argument("--name", help="results name (default gpu_async, with --cpu-smoke gpu_async_cpu_smoke)")
+    ap.add_argument("--name", type=results_name, help="results name (default gpu_async, with --cpu-smoke gpu_async_cpu_smoke)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="a tiny random model on the CPU, 2 questions x 2, 2 turns of 8 tokens, 2 steps a mode")
     args = ap.parse_args(argv)

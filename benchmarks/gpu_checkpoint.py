@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 from gpu_step import ARCHS, build_model, gpu_setup, unknown_archs  # noqa: E402
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", default="qwen3-0.6b,qwen3-1.7b", help=f"of {', '.join(ARCHS)}")
     ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
-    ap.add_argument("--name", default="gpu_checkpoint")
+    ap.add_argument("--name", type=results_name, default="gpu_checkpoint")
     args = ap.parse_args(argv)
     if unknown_archs(args.archs, "gpu_checkpoint"):
         return 2

@@ -44,7 +44,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, results_name, write_results  # noqa: E402
 
 ARCHS = {  # name: (transformers config class, its published shape; tiny: a 2-layer smoke-test shape)
     "tiny": ("LlamaConfig", dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed's bf16 mode needs ZeRO >= 1")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
-    ap.add_argument("--name", default="gpu_step")
+    ap.add_argument("--name", type=results_name, default="gpu_step")
     ap.add_argument("--set", action="append", default=[], metavar="learner.FIELD=VALUE",
                     help="config overrides on top of the bf16 learner the flags describe")
     ap.add_argument("--profile", action="store_true", help="one more learner step on one group, profiled (see above)")

@@ -48,7 +48,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import NAME_RE, RESULTS, portable, write_results  # noqa: E402
+from _common import RESULTS, portable, results_name, write_results  # noqa: E402
 from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
@@ -427,7 +427,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", help="runs and evaluations (default: runs/learning-<task>)")
     ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
-    ap.add_argument("--name", help="results file prefix under benchmarks/results/ (default: learning_<task>, "
+    ap.add_argument("--name", type=results_name, help="results file prefix under benchmarks/results/ (default: learning_<task>, "
                     "+ _quick with --quick; a partial run under another name leaves the full run's results alone)")
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)  # one evaluation, in a worker process (EvalSpec.command)
     args = ap.parse_args(argv)
@@ -438,8 +438,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.eval_samples = 1 if args.greedy else args.eval_samples
     if args.eval_limit < 1 or args.eval_samples < 1:
         ap.error("--eval-limit and --eval-samples must be >= 1")
-    if not NAME_RE.fullmatch(args.name):
-        ap.error(f"--name {args.name[:80]!r}: use letters, digits, '_', '-' or '.' (it names files in {RESULTS})")
     return args
 
 

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 
 from ziprl.testing.learning_task import (  # noqa: E402
     BF16,
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--drift-seeds", default="0,1,2,3,4,5,6,7", help="w = 0 runs of the HRR check")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the gate's runs (repeatable; the HRR check keeps its own settings)")
-    ap.add_argument("--name", default="learning_gate")
+    ap.add_argument("--name", type=results_name, default="learning_gate")
     args = ap.parse_args()
     from ziprl.config import ModelConfig
     from ziprl.policy.models import build_tiny_llama, resolve_model_path

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 SHAPES = {"SFT step (2 rows)": (2, 631, 305), "RL micro-batch (4 rows)": (4, 420, 330)}  # (rows, L, P) of the launch
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--name", default="prefix_attention")
+    ap.add_argument("--name", type=results_name, default="prefix_attention")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

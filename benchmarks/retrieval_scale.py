@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, results_name, write_results  # noqa: E402
 
 DIM, K, CHUNK = 384, 10, 65536
 CONFIGS = {  # name: (factory, fraction of IVF lists visited (0 = no IVF), k_factor, exact re-rank from disk)
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--sharded", nargs="+", default=["flat", "ivf-pq48+sq4"], help="configs also built as 2 shards")
     ap.add_argument("--work", default=None, help="data + index directory")
-    ap.add_argument("--name", default="retrieval_scale", help="results file name under benchmarks/results/")
+    ap.add_argument("--name", type=results_name, default="retrieval_scale", help="results file name under benchmarks/results/")
     ap.add_argument("--queries", type=int, default=500, help="queries of each kind (real, synthetic)")
     ap.add_argument("--sweep", nargs="*", type=int, default=None, metavar="NPROBE",
                     help="search the IVF indexes of the last run again at these nprobe values and add the rows")

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import results_name, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = (("RolloutWorker", "rollout actor"), ("LearnerWorker", "learner rank"), ("Retriever", "retriever replica"),
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
     ap.add_argument("--index-dir", help="an existing index of the dataset's corpus (e.g. from `ziprl.index adopt`)")
-    ap.add_argument("--name", default="scale_sim")
+    ap.add_argument("--name", type=results_name, default="scale_sim")
     args = ap.parse_args(argv)
     from ziprl.paths import cache_root
 

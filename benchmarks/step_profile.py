@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import portable, write_results  # noqa: E402
+from _common import portable, results_name, write_results  # noqa: E402
 
 from ziprl.config import load_config  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--model", help="start from this model directory (e.g. the Stage-1 model)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--variants", default="unshared,float32,bf16", help=f"in this order, of {', '.join(VARIANTS)}")
-    ap.add_argument("--name", default="step_profile")
+    ap.add_argument("--name", type=results_name, default="step_profile")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is warm-up)")

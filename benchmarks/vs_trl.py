@@ -7,7 +7,10 @@ the update that logs how it moved the trained tokens' log-probs: diagnostic work
 so both sides do the same work; ``--engines hf,hf+probe`` adds a side with it on. ZipRL trains with
 ``Trainer.train_step`` (DeepSpeed, ZeRO-0; bf16 compute where the CPU's bf16 products pay), generates with
 ``HFEngine`` in the learner's compute dtype (``model.dtype=auto``) and pushes the new weights into the engine; TRL does its own generation and update
-(``GRPOConfig`` defaults otherwise, which include gradient checkpointing; float32).
+(``GRPOConfig`` defaults otherwise, which include gradient checkpointing). Both sides compute at the same precision:
+TRL gets ``bf16=True`` (CPU autocast) where ZipRL's learner chooses bf16 on this CPU (its measured choice,
+:func:`ziprl.learner.hardware.bf16_pays`), float32 where it does not; ``--trl-precision float32`` keeps TRL in
+float32 whatever ZipRL picks. Each row names its precision.
 
 Each side runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its own. A step's time is wall time
 of the whole step (generation + update [+ weight push]); start-up (imports, model load, DeepSpeed init) is
@@ -18,7 +21,8 @@ with it the cost of torch's multi-threaded kernels: pass ``--threads 1`` on a bu
 ``--engines hf,llamacpp`` adds a ZipRL side per generation engine (each in the learner's dtype; ``NAME+probe``: with
 the update probe), run in the same rounds.
 
-Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N] [--engines hf,...] [--out NAME]``
+Run: ``.venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2] [--threads N] [--engines hf,...]
+[--trl-precision match|float32] [--out NAME]``
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import results_name, write_results
 
 PROMPTS = ["What is the capital of France? Answer in one sentence.",
            "Name one famous landmark in Paris and say why it is famous."]
@@ -90,7 +96,7 @@ def run_ziprl(steps: int, engine_name: str = "hf", probe: bool = False) -> dict:
                          + (", update probe on" if probe else "")}
 
 
-def run_trl(steps: int) -> dict:
+def run_trl(steps: int, bf16: bool) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -118,18 +124,19 @@ def run_trl(steps: int) -> dict:
     args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
                       per_device_train_batch_size=len(PROMPTS) * G, num_generations=G,
                       max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, beta=BETA, learning_rate=LR,
-                      max_steps=steps, gradient_accumulation_steps=1, bf16=False, seed=0)
+                      max_steps=steps, gradient_accumulation_steps=1, bf16=bf16, seed=0)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
     timer = StepTimer()
     trainer = GRPOTrainer(model=str(resolve_model_path(ModelConfig())), reward_funcs=trl_reward, args=args,
                           train_dataset=dataset, callbacks=[timer])
     trainer.train()
-    return {"step_seconds": timer.times, "completion_tokens": tokens, "precision": "float32"}
+    return {"step_seconds": timer.times, "completion_tokens": tokens,
+            "precision": "bf16 (CPU autocast)" if bf16 else "float32"}
 
 
-def side_in_subprocess(side: str, steps: int, threads: int | None) -> dict:
+def side_in_subprocess(side: str, steps: int, threads: int | None, trl_bf16: bool) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [sys.executable, __file__, "--side", side, "--steps", str(steps)]
+    cmd = [sys.executable, __file__, "--side", side, "--steps", str(steps)] + (["--trl-bf16"] if trl_bf16 else [])
     proc = subprocess.run(cmd + (["--threads", str(threads)] if threads else []), env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -145,8 +152,11 @@ def main() -> None:
     parser.add_argument("--engines", default="hf", help="ZipRL sides, one per generation engine (e.g. hf,llamacpp; "
                                                            "NAME+probe: the update probe on); the first is the "
                                                            "headline ratio")
-    parser.add_argument("--out", default="vs_trl", help="results name: benchmarks/results/<out>.{json,md}")
+    parser.add_argument("--out", type=results_name, default="vs_trl", help="results name: benchmarks/results/<out>.{json,md}")
+    parser.add_argument("--trl-precision", choices=("match", "float32"), default="match",
+                        help="TRL's precision: match (bf16 where ZipRL's learner chooses it here) or float32")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # trl | ziprl:<engine>[+probe] (one subprocess's side)
+    parser.add_argument("--trl-bf16", action="store_true", help=argparse.SUPPRESS)  # the trl side in bf16
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps must be >= 3: one warm-up step and at least two measured ones")
@@ -159,17 +169,19 @@ def main() -> None:
             torch.set_num_threads(args.threads)
         load = os.getloadavg()[0]
         engine, _, probe = args.side.partition(":")[2].partition("+")
-        result = run_trl(args.steps) if args.side == "trl" else run_ziprl(args.steps, engine, probe == "probe")
+        result = (run_trl(args.steps, args.trl_bf16) if args.side == "trl"
+                  else run_ziprl(args.steps, engine, probe == "probe"))
         print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads(),
                           "load_1m": [load, os.getloadavg()[0]]}))
         return
 
-    from _common import write_results
+    from ziprl.learner.hardware import bf16_pays
 
+    trl_bf16 = args.trl_precision == "match" and bf16_pays("cpu")  # ZipRL's learner's own choice on this CPU
     runs: dict[str, list[dict]] = {**{f"ziprl:{e}": [] for e in args.engines.split(",")}, "trl": []}
     for r in range(args.rounds):  # alternate the order so drifting machine load hits all sides alike
         for side in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-            runs[side].append(side_in_subprocess(side, args.steps, args.threads))
+            runs[side].append(side_in_subprocess(side, args.steps, args.threads, trl_bf16))
             print(f"round {r} {side}: {json.dumps(runs[side][-1])}", flush=True)
     rows = []
     for side, results in runs.items():
@@ -191,7 +203,7 @@ def main() -> None:
     meta = {"prompts": len(PROMPTS), "group_size": G, "max_new_tokens": NEW_TOKENS, "beta": BETA, "lr": LR,
             "steps_per_side_and_round": args.steps, "rounds": args.rounds, "statistic": "median of measured steps",
             "load_1m_range": [min(loads), max(loads)], "ziprl_time_vs_trl": ratio,
-            "goal": "ziprl_time_vs_trl <= 0.5"}
+            "trl_precision": args.trl_precision, "goal": "ziprl_time_vs_trl <= 0.5 at equal precision"}
     write_results(args.out, rows, meta)
     for row in rows[:-1]:
         print(f"ZipRL ({row['framework']}) step time = {row['time_vs_trl']:.3f} x TRL's")

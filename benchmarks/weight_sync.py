@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, results_name, write_results  # noqa: E402
 
 from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--transports", default="object_store,collective")
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--repeats", type=int, default=3, help="warm pushes per setting (after one warm-up push)")
-    ap.add_argument("--name", default="weight_sync", help="results file stem under benchmarks/results")
+    ap.add_argument("--name", type=results_name, default="weight_sync", help="results file stem under benchmarks/results")
     ap.add_argument("--max-gb", type=float, default=9.0,
                     help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
     args = ap.parse_args()

@@ -25,15 +25,21 @@ if SHARED.is_dir():
 # that the two share the cores instead of thrashing them (subprocesses keep their defaults). A test module is one unit
 # of work, so its module fixtures (a loaded model, a played rollout) are built once, and every module marked
 # `ray_cluster` is in one unit, run one after another: two 2-CPU Ray clusters at once would starve each other.
+# Units start longest first, so that no long one is left running alone at the end: the Ray unit, then the modules
+# marked `slow`, then the rest (xdist's order: more tests first).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
 
+RAY_UNIT = "ray_cluster"
+
 
 @functools.cache
-def _starts_ray(path: str) -> bool:
-    return "pytest.mark.ray_cluster" in (REPO / path).read_text(encoding="utf-8")
+def _marks(path: str) -> tuple[bool, bool]:
+    """Whether the test module at ``path`` (relative to the repository) is marked ``ray_cluster``, and ``slow``."""
+    text = (REPO / path).read_text(encoding="utf-8")
+    return f"pytest.mark.{RAY_UNIT}" in text, "pytest.mark.slow" in text
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
@@ -41,11 +47,21 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleOrRayScheduling(LoadScopeScheduling):
-        """xdist's loadscope, with one scope per test module and one for all modules marked ``ray_cluster``."""
+        """xdist's loadscope, with one scope per test module and one for all modules marked ``ray_cluster``,
+        handed out longest first (the Ray unit, the ``slow`` modules, the rest)."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "ray_cluster" if path.endswith(".py") and _starts_ray(path) else path
+            return RAY_UNIT if path.endswith(".py") and _marks(path)[0] else path
+
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "_ordered", False):
+                slow = [s for s in self.workqueue if s != RAY_UNIT and s.endswith(".py") and _marks(s)[1]]
+                for scope in reversed([RAY_UNIT, *slow]):
+                    if scope in self.workqueue:
+                        self.workqueue.move_to_end(scope, last=False)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return ModuleOrRayScheduling(config, log)
 

@@ -90,3 +90,35 @@ def test_machine_names_the_cpu_its_kernel_flags_and_torch(common):
     assert m["torch"] == torch.__version__
     flags = common.cpuinfo().get("flags", "").split()
     assert m["cpu_flags"] == [f for f in common.CPU_FLAGS if f in flags]
+
+
+@pytest.mark.parametrize("bad", ["../x", "/tmp/x", ".hidden", "a/b", ""])
+def test_a_results_name_that_is_a_path_is_refused_when_the_arguments_are_parsed(common, bad):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="names files in"):
+        common.results_name(bad)
+    assert common.results_name("learning_gate_x.1") == "learning_gate_x.1"
+
+
+def test_every_results_name_option_is_checked_before_the_work():
+    """A script's results name (``--name``, or ``--out`` where it names results) is checked by argparse, so a bad one
+    exits 2 at once instead of after the benchmark ran (learning_gate.py once ran all its seeds first)."""
+    import re
+
+    unchecked = []
+    for path in sorted(BENCH.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r'add_argument\("--(name|out)",[^\n]*', text):
+            names_results = "results" in m.group(0) or m.group(1) == "name"
+            if names_results and "type=results_name" not in m.group(0):
+                unchecked.append(f"{path.name}: {m.group(0)[:80]}")
+    assert not unchecked
+
+
+def test_a_bad_results_name_exits_2_before_any_run(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "learning_gate.py"), "--name", "../escape"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "names files in" in proc.stderr
+    assert "[gate]" not in proc.stdout

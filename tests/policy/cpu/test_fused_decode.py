@@ -184,8 +184,9 @@ def test_a_full_cache_grows_and_decodes_as_one_with_room(kernel, tiny_model_dir)
 
 def test_generation_follows_new_weights(kernel, tiny_model_dir, tmp_path):
     """After load_weights the fused steps compute with the new weights, repacked into the same buffers: the engine
-    generates what an engine built from a checkpoint of those weights generates, token for token and log-prob for
-    log-prob."""
+    generates what an engine built from a checkpoint of those weights generates, token for token, and log-probs
+    within 1e-5 (on an AMD EPYC with AVX-512 BF16 the float32 prefill of the two engines differed by ~1e-6, with the
+    new arrays 64-byte aligned or not; old weights move them by far more, as the last check shows)."""
     engine = engine_of(tiny_model_dir, kernel)
     packed = [w.data_ptr() for w in engine.fused_decode.weights if w.dim() == 4]
     rng = np.random.default_rng(0)
@@ -202,7 +203,7 @@ def test_generation_follows_new_weights(kernel, tiny_model_dir, tmp_path):
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=12, stop=[])
     for a, b in zip(engine.generate(PROMPTS, sampling, seed=3), fresh.generate(PROMPTS, sampling, seed=3), strict=True):
         assert a.token_ids == b.token_ids
-        assert a.logprobs == b.logprobs
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
     stale = engine_of(tiny_model_dir, kernel)
     assert [g.logprobs for g in stale.generate(PROMPTS, sampling, seed=3)] != [
         g.logprobs for g in fresh.generate(PROMPTS, sampling, seed=3)]
