@@ -25,8 +25,8 @@ after - Stage 1 and w = 0.2 - w = 0 with 95% intervals of a bootstrap over seeds
 markdown under benchmarks/results/, each headed by commit, command, config, machine and date. Finished runs and
 evaluations under ``--out`` are read, not redone.
 
-Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, then the
-checkpoints' evaluations): on 2 cores two one-thread processes get more done than one two-thread process, since
+Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, each
+run's checkpoints evaluated as soon as it finishes): on 2 cores two one-thread processes get more done than one two-thread process, since
 batch-8 decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). Each
 process's output goes to ``<out>/logs/``.
 """
@@ -34,12 +34,14 @@ process's output goes to ``<out>/logs/``.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,25 +149,46 @@ def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] |
             *[a for o in overrides for a in ("--set", o)]]
 
 
-def run_parallel(jobs: list[tuple[str, list[str]]], workers: int, logs: Path) -> None:
-    """Run the commands, ``workers`` at a time, each with one torch thread; raise if any fails."""
+@dataclass(frozen=True)
+class Job:
+    """One process of the benchmark: ``command()`` is built when the job starts (None: nothing left to do), once
+    every job named in ``after`` has finished."""
+
+    name: str
+    command: Callable[[], list[str] | None]
+    after: tuple[str, ...] = ()
+
+
+def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
+    """Run the jobs, ``workers`` at a time, each with one torch thread, each as soon as those it comes after are done
+    (in list order among the ready ones); raise if any fails (jobs after a failed one do not run)."""
     import subprocess
 
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     logs.mkdir(parents=True, exist_ok=True)
-    pending, running, failed = list(jobs), [], []
+    pending, running, done, failed = list(jobs), [], set(), []
     while pending or running:
-        while pending and len(running) < workers:
-            name, cmd = pending.pop(0)
-            log(f"start {name} (log: {logs / name}.log)")
-            with open(logs / f"{name}.log", "w") as out:
-                running.append((name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)))
+        for job in [j for j in pending if set(j.after) & set(failed)]:
+            pending.remove(job)
+            failed.append(job.name)
+        while len(running) < workers and (ready := [j for j in pending if set(j.after) <= done]):
+            job = ready[0]
+            pending.remove(job)
+            cmd = job.command()
+            if cmd is None:
+                done.add(job.name)
+                continue
+            log(f"start {job.name} (log: {logs / job.name}.log)")
+            with open(logs / f"{job.name}.log", "w") as out:
+                running.append((job.name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                                           cwd=REPO)))
+        if not running:
+            continue
         time.sleep(2)
         for name, proc in [r for r in running if r[1].poll() is not None]:
             running.remove((name, proc))
             log(f"{name} finished (exit {proc.returncode})")
-            if proc.returncode:
-                failed.append(name)
+            (failed.append if proc.returncode else done.add)(name)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}; see {logs}")
 
@@ -236,14 +259,11 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
     return result
 
 
-def eval_jobs(spec: EvalSpec, targets: dict[str, Path], cache_dir: Path) -> list[tuple[str, list[str]]]:
-    """The evaluations still to run: those with no result under ``cache_dir`` or one for other settings."""
-    jobs = []
-    for key, model in targets.items():
-        cache = cache_dir / f"{key}.json"
-        if not cache.is_file() or json.loads(cache.read_text()).get("settings") != spec.settings(model):
-            jobs.append((f"eval_{key}", spec.command(model, cache)))
-    return jobs
+def eval_command(spec: EvalSpec, model: Path, cache: Path) -> list[str] | None:
+    """The evaluation of ``model`` into ``cache``, or None when ``cache`` holds one for the same settings."""
+    if cache.is_file() and json.loads(cache.read_text()).get("settings") == spec.settings(model):
+        return None
+    return spec.command(model, cache)
 
 
 # ------------------------------------------------------------------ statistics
@@ -471,22 +491,25 @@ def main() -> None:
     evaluated = eval_steps(steps, every, args.quick)
     weights = QUICK_WEIGHTS if args.quick else WEIGHTS
     arms = {f"w{w:g}_seed{s}": (w, s) for s in seeds for w in weights}  # seed-major: each seed's pair side by side
-    jobs = []
+    jobs, cache_dir = [], out / "eval"
     for name, (w, seed) in arms.items():
         overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
                      f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
                      f"run.sft_checkpoint={model}", f"run.checkpoint_every={every}",
                      "run.keep_checkpoints=0", "model.num_threads=1"]
-        if (cmd := rl_command(config, overrides, out / name)) is not None:
-            jobs.append((name, cmd))
-    cache_dir = out / "eval"
-    run_parallel(jobs + eval_jobs(spec, {"stage1": model}, cache_dir), args.workers, out / "logs")
+        jobs.append(Job(name, functools.partial(rl_command, config, overrides, out / name)))
+    jobs.append(Job("eval_stage1", lambda: eval_command(spec, model, cache_dir / "stage1.json")))
+    targets = {"stage1": model}
+    for name, (w, s) in arms.items():  # a run's checkpoints are evaluated as soon as it finishes
+        for k in evaluated[1:]:
+            key = eval_key(w, s, k)
+            targets[key] = out / "models" / f"{name}_step{k}"
+            jobs.append(Job(f"eval_{key}", lambda name=name, k=k, key=key: eval_command(
+                spec, checkpoint_model(out / name, k, model), cache_dir / f"{key}.json"), after=(name,)))
+    run_parallel(jobs, args.workers, out / "logs")
     runs = {name: read_metrics(out / name) for name in arms}
     for name, metrics in runs.items():
         log(f"{name}: {len(metrics)} steps, reward {[round(m['rollout/reward'], 2) for m in metrics]}")
-    targets = {"stage1": model} | {eval_key(w, s, k): checkpoint_model(out / name, k, model)
-                                   for name, (w, s) in arms.items() for k in evaluated[1:]}
-    run_parallel(eval_jobs(spec, targets, cache_dir), args.workers, out / "logs")
     evals = {key: json.loads((cache_dir / f"{key}.json").read_text()) for key in targets}
     meta = {"task": args.task, "quick": args.quick, "seeds": seeds, "weights": list(weights), "steps": steps,
             "eval_steps": evaluated, "questions_held_out": args.eval_limit, "eval_samples": args.eval_samples,

@@ -296,11 +296,12 @@ def test_an_evaluation_is_redone_when_the_weights_it_scored_change(learning, tmp
     result = learning.evaluate(spec, model, tmp_path / "eval" / "stage1.json")
     assert result["settings"]["weights_sha256"] == weights_sha256(model)
     assert [(r["id"], r["sample"], r["f1"]) for r in result["per_sample"]] == [("q1", 0, 0.0), ("q1", 1, 0.5)]
-    assert learning.eval_jobs(spec, {"stage1": model}, tmp_path / "eval") == []
+    cache = tmp_path / "eval" / "stage1.json"
+    assert learning.eval_command(spec, model, cache) is None
     greedy = learning.EvalSpec(spec.config, held, spec.corpus, 1, True)
-    assert [name for name, _ in learning.eval_jobs(greedy, {"stage1": model}, tmp_path / "eval")] == ["eval_stage1"]
+    assert learning.eval_command(greedy, model, cache) is not None
     (model / "model.safetensors").write_bytes(b"weights two")
-    ((name, cmd),) = learning.eval_jobs(spec, {"stage1": model}, tmp_path / "eval")
+    cmd = learning.eval_command(spec, model, cache)
     assert json.loads(cmd[cmd.index("--eval-one") + 1])["model"] == str(model)
 
 
@@ -311,6 +312,27 @@ def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path
     learning.log_curves_tb(evals, meta, tmp_path)
     assert list((tmp_path / "w0.2_seed0" / "tb").glob("events.*.heldout"))
     assert list((tmp_path / "tb" / "w0.2").glob("events.*.heldout"))
+
+
+def test_jobs_start_once_those_they_come_after_finish_and_not_after_a_failure(learning, tmp_path):
+    """Two workers, real processes: a run's evaluation starts when the run finishes, while a job that waits on nothing
+    (the Stage-1 evaluation) runs beside it; a job after a failed one never starts, and the failure is raised."""
+    order = tmp_path / "order.txt"
+
+    def step(name: str, seconds: float, code: int = 0):
+        script = f"import time; time.sleep({seconds}); open({str(order)!r}, 'a').write({name!r} + chr(10)); raise SystemExit({code})"
+        return lambda: [sys.executable, "-c", script]
+
+    jobs = [learning.Job("eval_run", step("eval_run", 0.1), after=("run",)), learning.Job("run", step("run", 1.0)),
+            learning.Job("stage1", step("stage1", 6.0)), learning.Job("skipped", lambda: None)]
+    learning.run_parallel(jobs, 2, tmp_path / "logs")
+    assert order.read_text().split() == ["run", "eval_run", "stage1"]  # eval_run did not wait for stage1
+    order.unlink()
+    with pytest.raises(SystemExit, match="failed: broken, after_broken"):
+        learning.run_parallel([learning.Job("broken", step("broken", 0.0, 1)),
+                               learning.Job("after_broken", step("after_broken", 0.0), after=("broken",))],
+                              2, tmp_path / "logs")
+    assert order.read_text().split() == ["broken"]
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -342,7 +364,10 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
         return {"f1": right, "em": right, "format_error_rate": 0.0, "seconds": 0.0}, trajs
 
     def parallel(jobs, workers, logs):
-        for name, cmd in jobs:
+        for job in jobs:  # in list order, which puts each run before the evaluations that come after it
+            name, cmd = job.name, job.command()
+            if cmd is None:
+                continue
             if name.startswith("eval_"):
                 job = json.loads(cmd[-1])
                 spec = learning.EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"],
