@@ -122,9 +122,10 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None,
                   config: str | Path | dict | None = None) -> tuple[Path, Path]:
     """Write ``results/<name>.json`` (rows, meta and :func:`provenance`) and ``results/<name>.md`` (the provenance,
     then a table of rows)."""
-    if not NAME_RE.fullmatch(name):
-        raise SystemExit(f"error: results name {name[:80]!r} must be letters, digits, '_', '-' or '.' (not first): "
-                         f"it names files in {RESULTS}")
+    try:
+        results_name(name)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"error: results name {exc}") from None
     RESULTS.mkdir(parents=True, exist_ok=True)
     prov = provenance(config)
     js = RESULTS / f"{name}.json"

@@ -183,6 +183,8 @@ def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
                 running.append((job.name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                                            cwd=REPO)))
         if not running:
+            if pending:  # nothing runs and nothing can start: they wait on jobs not in the list
+                raise SystemExit(f"jobs wait on jobs that are not given: {', '.join(j.name for j in pending)}")
             continue
         time.sleep(2)
         for name, proc in [r for r in running if r[1].poll() is not None]:
@@ -499,18 +501,18 @@ def main() -> None:
                      "run.keep_checkpoints=0", "model.num_threads=1"]
         jobs.append(Job(name, functools.partial(rl_command, config, overrides, out / name)))
     jobs.append(Job("eval_stage1", lambda: eval_command(spec, model, cache_dir / "stage1.json")))
-    targets = {"stage1": model}
+    keys = ["stage1"]
     for name, (w, s) in arms.items():  # a run's checkpoints are evaluated as soon as it finishes
         for k in evaluated[1:]:
             key = eval_key(w, s, k)
-            targets[key] = out / "models" / f"{name}_step{k}"
+            keys.append(key)
             jobs.append(Job(f"eval_{key}", lambda name=name, k=k, key=key: eval_command(
                 spec, checkpoint_model(out / name, k, model), cache_dir / f"{key}.json"), after=(name,)))
     run_parallel(jobs, args.workers, out / "logs")
     runs = {name: read_metrics(out / name) for name in arms}
     for name, metrics in runs.items():
         log(f"{name}: {len(metrics)} steps, reward {[round(m['rollout/reward'], 2) for m in metrics]}")
-    evals = {key: json.loads((cache_dir / f"{key}.json").read_text()) for key in targets}
+    evals = {key: json.loads((cache_dir / f"{key}.json").read_text()) for key in keys}
     meta = {"task": args.task, "quick": args.quick, "seeds": seeds, "weights": list(weights), "steps": steps,
             "eval_steps": evaluated, "questions_held_out": args.eval_limit, "eval_samples": args.eval_samples,
             "greedy": args.greedy, "stage1_model": portable(model), "demo_questions": demo_questions,

@@ -54,8 +54,10 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             return RAY_UNIT if path.endswith(".py") and _marks(path)[0] else path
 
+        _ordered = False  # the work queue is put in order once, before the first unit goes out
+
         def _assign_work_unit(self, node) -> None:
-            if not getattr(self, "_ordered", False):
+            if not self._ordered:
                 slow = [s for s in self.workqueue if s != RAY_UNIT and s.endswith(".py") and _marks(s)[1]]
                 for scope in reversed([RAY_UNIT, *slow]):
                     if scope in self.workqueue:
