@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ziprl.paths import atomic_write_text
+from ziprl.policy.cpu.isa import cpu_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a results name: files in RESULTS, never a path
@@ -58,16 +59,17 @@ def cpuinfo() -> dict[str, str]:
 
 
 def machine() -> dict[str, str | int | list[str] | None]:
-    """CPU model, cores, the CPU flags that choose kernels, torch version and GPU (None without one)."""
-    cpu = cpuinfo()
-    flags = set(cpu.get("flags", "").split())
+    """CPU model, cores, the CPU flags that choose kernels (as capped by ``ONEDNN_MAX_CPU_ISA``, recorded beside them),
+    torch version and GPU (None without one)."""
+    cpu, flags = cpuinfo(), cpu_flags()
     try:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = None
     gpu = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
     return {"cpu": cpu.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count() or 0,
-            "cpu_flags": [f for f in CPU_FLAGS if f in flags], "python": platform.python_version(), "torch": torch,
+            "cpu_flags": [f for f in CPU_FLAGS if f in flags], "max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or None,
+            "python": platform.python_version(), "torch": torch,
             "gpu": "; ".join(gpu.splitlines()) if gpu else None}
 
 
@@ -90,7 +92,8 @@ def markdown_header(prov: dict) -> list[str]:
     """The lines a results markdown file starts with: :func:`provenance` for a reader."""
     m, config = prov["machine"], prov["config"]
     where = config.get("path", "given in the JSON") if isinstance(config, dict) else "none"
-    flags = ", ".join(m["cpu_flags"]) or "none of " + "/".join(CPU_FLAGS)
+    flags = (", ".join(m["cpu_flags"]) or "none of " + "/".join(CPU_FLAGS)) + (
+        f"; capped by ONEDNN_MAX_CPU_ISA={m['max_cpu_isa']}" if m.get("max_cpu_isa") else "")
     return [f"- commit: `{prov['commit']}`", f"- command: `{prov['command']}`", f"- config: `{where}`",
             f"- machine: {m['cpu']}, {m['cores']} cores ({flags}); torch {m['torch']}; GPU {m['gpu'] or 'none'}",
             f"- date: {prov['date']}", ""]

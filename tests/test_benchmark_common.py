@@ -38,7 +38,7 @@ def test_result_files_record_commit_command_config_machine_and_date(common, tmp_
     assert got["commit"] == common.COMMIT
     assert got["command"] == "python benchmarks/learning.py --quick --out x"
     assert got["config"] == {"path": "configs/learn-cpu.yaml", "text": config.read_text()}
-    assert set(got["machine"]) == {"cpu", "cores", "cpu_flags", "python", "torch", "gpu"}
+    assert set(got["machine"]) == {"cpu", "cores", "cpu_flags", "max_cpu_isa", "python", "torch", "gpu"}
     assert got["date"][:4].isdigit()
     assert got["date"].endswith("+00:00")
     lines = md.read_text().splitlines()

@@ -7,21 +7,19 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ziprl.config import LearnerConfig
+from ziprl.policy.cpu.isa import cpu_flags, parse_flags
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 matrix instructions
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); False where it cannot tell."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
-    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    """True when the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); False where it cannot tell. ``cpuinfo``
+    None: this CPU, as capped by ``ONEDNN_MAX_CPU_ISA`` (:func:`~ziprl.policy.cpu.isa.cpu_flags`)."""
+    flags = cpu_flags() if cpuinfo is None else parse_flags(cpuinfo)
     return any(f in flags for f in BF16_CPU_FLAGS)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ziprl.paths import cache_root
+from ziprl.policy.cpu.isa import cpu_flags
 from ziprl.policy.kv import RoomyLayer
 
 CSRC = Path(__file__).with_name("csrc")
@@ -50,15 +51,6 @@ BF16 = Kernel("ziprl_bf16_decode", CSRC / "bf16_decode.cpp",
 F32_AVX2 = Kernel("ziprl_f32_decode_avx2", CSRC / "f32_decode_avx2.cpp", ("-O3", "-fopenmp", "-mavx2", "-mfma"),
                   torch.float32, ("avx2", "fma"), rows=8, pair=1)
 KERNELS = (BF16, F32_AVX2)
-
-
-def cpu_flags() -> frozenset[str]:
-    """This CPU's flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    return frozenset(f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split())
 
 
 def cpu_runs(kernel: Kernel) -> bool:
