@@ -81,15 +81,26 @@ def test_outside_a_git_checkout_the_commit_is_unknown(common, tmp_path, monkeypa
     assert common.git_commit() == "unknown"
 
 
-def test_machine_names_the_cpu_its_kernel_flags_and_torch(common):
+def test_machine_names_the_cpu_its_kernel_flags_and_torch(common, monkeypatch):
     import torch
 
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     m = common.machine()
     assert m["cores"] >= 1
     assert set(m["cpu_flags"]) <= set(common.CPU_FLAGS)
     assert m["torch"] == torch.__version__
     flags = common.cpuinfo().get("flags", "").split()
     assert m["cpu_flags"] == [f for f in common.CPU_FLAGS if f in flags]
+    assert m["max_cpu_isa"] is None
+
+
+def test_a_result_measured_under_an_isa_cap_records_the_capped_flags_and_the_cap(common, monkeypatch):
+    monkeypatch.setattr(common, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    m = common.machine()
+    assert (m["cpu_flags"], m["max_cpu_isa"]) == (["avx2"], "AVX2")
+    prov = {"commit": "c", "command": "x", "config": None, "machine": m, "date": "d"}
+    assert "(avx2; capped by ONEDNN_MAX_CPU_ISA=AVX2)" in common.markdown_header(prov)[3]
 
 
 @pytest.mark.parametrize("bad", ["../x", "/tmp/x", ".hidden", "a/b", ""])

@@ -8,7 +8,10 @@ ZipRL's kernel and bf16 choices read it too, so one variable makes an AVX-512 ma
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
+
+from ziprl.boundary import shown
 
 # flag prefixes, from older to newer ("avx" alone: every AVX flag)
 AVX, AVX2, AVX512, FP16, AMX = ("avx", "fma"), ("avx2", "avx_vnni", "fma"), ("avx512",), ("avx512_fp16",), ("amx",)
@@ -31,13 +34,15 @@ def parse_flags(cpuinfo: str) -> frozenset[str]:
 
 
 def cap_flags(flags: frozenset[str], max_isa: str | None) -> frozenset[str]:
-    """``flags`` without those above ``max_isa`` (a value of ``ONEDNN_MAX_CPU_ISA``; None or empty: no cap)."""
+    """``flags`` without those above ``max_isa`` (a value of ``ONEDNN_MAX_CPU_ISA``; None or empty: no cap). A value
+    oneDNN does not know caps nothing, as in oneDNN, with a warning naming the values it knows."""
     if not max_isa:
         return flags
     drops = ISA_DROPS.get(max_isa.strip().upper())
     if drops is None:
-        raise ValueError(f"ONEDNN_MAX_CPU_ISA={max_isa!r} names no ISA oneDNN knows; use one of "
-                         f"{', '.join(ISA_DROPS)}, or unset it")
+        warnings.warn(f"ONEDNN_MAX_CPU_ISA={shown(max_isa)} names no ISA oneDNN knows, so it caps nothing (oneDNN "
+                      f"ignores it too); use one of {', '.join(ISA_DROPS)}", stacklevel=2)
+        return flags
     return frozenset(f for f in flags if not f.startswith(drops))
 
 
