@@ -33,6 +33,7 @@ def test_the_dry_run_prints_the_plan_and_writes_a_config_the_loader_accepts(tmp_
     cfg = load_config(tmp_path / "run" / "learn-gpu.yaml", [])
     assert (cfg.learner.global_batch_questions, cfg.rollout.group_size, cfg.learner.steps) == (4, 8, 31)
     assert cfg.run.checkpoint_every == 31  # one checkpoint, the last step's, which the evaluation reads
+    assert not cfg.rollout.dynamic_sampling  # one sampling round a step, whatever configs/learn-cpu.yaml says
     assert cfg.learner.micro_batch_tokens is None  # chosen on the GPU (ziprl/learner/hardware.py)
     assert cfg.data.dataset == "pooled"
     assert cfg.env.max_turns == load_config("configs/learn-cpu.yaml", []).env.max_turns
