@@ -1,0 +1,58 @@
+"""benchmarks/launch_time.py: the ISA classes it can hold the CPU to, what it reads from the launch's output, and its
+arguments checked before any launch starts."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import launch_time  # noqa: E402
+
+END_OF_RUN = """\
+(LearnerWorker pid=20956) [learner] cpu (1 rank), 135M parameters: bf16 off (chosen), micro_batch_tokens 0 (chosen)
+[launch] the rollout engines generate in float32
+── ziprl.launch: done ────────────────────────────────────────
+ran:    Stage 1 (scripted demos + SFT), then 2 GRPO + HRR (w = 0.2) steps of 1 question(s) x G = 2 on 'sample'
+steps:  2 of 2 (104 s of RL steps)
+  reward                  0.50 → 0.00
+"""
+
+
+def test_the_summary_is_read_from_the_launchs_end_of_run_screen():
+    assert launch_time.summary(END_OF_RUN) == {"steps": 2, "rl_seconds": 104, "engine_dtype": "float32",
+                                               "learner_bf16": False}
+    assert launch_time.summary(END_OF_RUN.replace("bf16 off", "bf16 on"))["learner_bf16"] is True
+    assert launch_time.summary("") == {"steps": None, "rl_seconds": None, "engine_dtype": None, "learner_bf16": None}
+
+
+def test_the_avx2_class_holds_torch_onednn_mkl_and_ziprl_to_avx2(monkeypatch):
+    env = launch_time.ISA_ENV["avx2"]
+    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert not {"avx512f", "avx512_bf16", "amx_bf16"} & set(launch_time.seen_flags(env))
+    assert launch_time.ISA_ENV["native"] == {}
+
+
+def test_a_class_list_is_comma_separated():
+    assert launch_time.isa_list("native,") == ["native"]
+    assert launch_time.isa_list(" avx2 , native") == ["avx2", "native"]
+
+
+@pytest.mark.parametrize("text", ["avx512", ",", "avx2,sse"])
+def test_an_unknown_or_empty_class_list_is_refused_naming_the_choices(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="native, avx2"):
+        launch_time.isa_list(text)
+
+
+@pytest.mark.parametrize("args", [["--isa", "avx512"], ["--repeats", "0"], ["--name", "../x"]])
+def test_bad_arguments_exit_2_before_any_launch(args, tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "launch_time.py"), *args], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "error:" in done.stderr
+    assert "[launch_time]" not in done.stdout
