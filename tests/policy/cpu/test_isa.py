@@ -54,6 +54,8 @@ def test_this_cpu_under_the_avx2_cap_gets_the_avx2_kernel_and_no_bf16(monkeypatc
     assert cpu_flags() == {"fma", "avx", "avx2"}
     assert not cpu_has_bf16()
     assert fused_decode.cpu_kernel() is fused_decode.F32_AVX2
+    assert cpu_flags("") == SAPPHIRE  # an explicit "" caps nothing, whatever the environment says
+    assert cpu_flags("AVX512_CORE_BF16") == EPYC
     monkeypatch.setattr("ziprl.learner.hardware.gemm_rates", lambda *a, **k: pytest.fail("bf16 was measured"))
     assert bf16_pays("cpu") is False
 

@@ -46,10 +46,11 @@ def cap_flags(flags: frozenset[str], max_isa: str | None) -> frozenset[str]:
     return frozenset(f for f in flags if not f.startswith(drops))
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's flags (Linux ``/proc/cpuinfo``; empty elsewhere), capped by ``ONEDNN_MAX_CPU_ISA`` when it is set."""
+def cpu_flags(max_isa: str | None = None) -> frozenset[str]:
+    """This CPU's flags (Linux ``/proc/cpuinfo``; empty elsewhere), capped by ``max_isa`` (None: by
+    ``ONEDNN_MAX_CPU_ISA`` when it is set; "": not at all)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         text = ""
-    return cap_flags(parse_flags(text), os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    return cap_flags(parse_flags(text), os.environ.get("ONEDNN_MAX_CPU_ISA") if max_isa is None else max_isa)
