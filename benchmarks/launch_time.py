@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, results_name, write_results
+from _common import CPU_FLAGS, REPO, results_name, write_results
 
 from ziprl.policy.cpu.isa import cpu_flags
 
@@ -31,7 +31,6 @@ ISA_ENV = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
-KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the flags ZipRL's choices read
 
 
 def isa_list(text: str) -> list[str]:
@@ -56,7 +55,7 @@ def summary(log: str) -> dict:
 def seen_flags(env: dict[str, str]) -> list[str]:
     """The kernel-choosing flags ZipRL sees under ``env``'s ISA cap."""
     flags = cpu_flags(env.get("ONEDNN_MAX_CPU_ISA", ""))
-    return [f for f in KERNEL_FLAGS if f in flags]
+    return [f for f in CPU_FLAGS if f in flags]
 
 
 def run_once(isa: str, work: Path) -> dict:
