@@ -149,19 +149,20 @@ H200 = Hardware("cuda", 150_754_820_096, True)
 RTX_24GB = Hardware("cuda", 25_393_692_672, True)
 SMOLLM2_135M = ModelSize(134_515_008, 30, 576, 49152)
 QWEN3_1P7B = ModelSize(1_720_574_976, 28, 2048, 151936)
-AUTO = ("bf16", "micro_batch_tokens", "share_prefix", "zero_stage")
+AUTO = ("bf16", "micro_batch_tokens", "share_prefix", "pack_rows", "zero_stage")
 
 
 def settings(choice) -> tuple:
     lc = choice.learner
-    return lc.bf16, lc.micro_batch_tokens, lc.share_prefix, lc.zero_stage
+    return lc.bf16, lc.micro_batch_tokens, lc.share_prefix, lc.pack_rows, lc.zero_stage
 
 
 @pytest.mark.parametrize("measured", [True, False])
 def test_a_cpu_learner_keeps_the_cpu_choices(measured):
-    """bf16 where measured faster, passes of micro_batch_turns turns, the shared prefix, ZeRO 0: the CPU defaults."""
+    """bf16 where measured faster, passes of micro_batch_turns turns, the shared prefix, packed rows, ZeRO 0: the CPU
+    defaults."""
     choice = choose_learner(Hardware("cpu", 0, measured), SMOLLM2_135M, LearnerConfig())
-    assert settings(choice) == (measured, 0, True, 0)
+    assert settings(choice) == (measured, 0, True, True, 0)
     assert choice.chosen == AUTO
     assert choice.warning == ""
 
@@ -176,14 +177,14 @@ def test_a_cpu_learner_keeps_the_cpu_choices(measured):
 ])
 def test_a_gpu_learner_computes_in_bf16_unshared_at_zero_2_with_passes_of_what_memory_holds(hw, size, beta, want):
     choice = choose_learner(hw, size, LearnerConfig(beta=beta))
-    assert settings(choice) == (True, want, False, 2)
+    assert settings(choice) == (True, want, False, False, 2)
     assert choice.chosen == AUTO
     assert choice.warning == ""
 
 
 def test_a_model_too_large_for_the_gpu_gets_the_smallest_passes_and_a_warning():
     choice = choose_learner(RTX_24GB, QWEN3_1P7B, LearnerConfig())
-    assert settings(choice) == (True, 1024, False, 2)  # one rank: ZeRO-3 would shard nothing
+    assert settings(choice) == (True, 1024, False, False, 2)  # one rank: ZeRO-3 would shard nothing
     assert "exceeds 80% of this GPU's 24 GiB: expect out-of-memory" in choice.warning
     assert "warning: ~" in choice.summary()
 
@@ -192,21 +193,21 @@ def test_several_ranks_shard_the_weights_where_zero_2_leaves_too_little_room():
     """Eight 24 GB ranks: ZeRO-2 keeps 2 + 14/8 B a parameter on each (and 4 B of the engine's and reference's
     weights), room for ~2.0k tokens a pass; ZeRO-3 16/8 B, room for ~2.9k."""
     eight = choose_learner(dataclasses.replace(RTX_24GB, ranks=8), QWEN3_1P7B, LearnerConfig())
-    assert settings(eight) == (True, 2048, False, 3)
+    assert settings(eight) == (True, 2048, False, False, 3)
     assert eight.warning == ""
     assert choose_learner(dataclasses.replace(H100, ranks=4), QWEN3_1P7B, LearnerConfig()).learner.zero_stage == 2
 
 
 def test_what_the_user_set_wins_and_the_config_given_is_left_as_it_was():
-    lc = LearnerConfig(bf16=False, micro_batch_tokens=4096, share_prefix=True, zero_stage=0)
+    lc = LearnerConfig(bf16=False, micro_batch_tokens=4096, share_prefix=True, pack_rows=True, zero_stage=0)
     for hw in (H100, Hardware("cpu", 0, True)):
         choice = choose_learner(hw, QWEN3_1P7B, lc)
-        assert settings(choice) == (False, 4096, True, 0)
+        assert settings(choice) == (False, 4096, True, True, 0)
         assert choice.chosen == ()
     partly = LearnerConfig(micro_batch_tokens=0)
     choice = choose_learner(H200, SMOLLM2_135M, partly)
-    assert settings(choice) == (True, 0, False, 2)
-    assert choice.chosen == ("bf16", "share_prefix", "zero_stage")
+    assert settings(choice) == (True, 0, False, False, 2)
+    assert choice.chosen == ("bf16", "share_prefix", "pack_rows", "zero_stage")
     assert partly.micro_batch_tokens == 0
     assert partly.zero_stage is None  # not modified
     assert choose_learner(H200, SMOLLM2_135M, partly) == choice  # a pure function of its inputs
@@ -215,7 +216,8 @@ def test_what_the_user_set_wins_and_the_config_given_is_left_as_it_was():
 def test_the_summary_names_each_setting_and_whether_it_was_chosen():
     choice = choose_learner(H100, QWEN3_1P7B, LearnerConfig(zero_stage=3))
     assert choice.summary() == ("[learner] cuda (1 rank, 79.6 GiB a GPU), 1,721M parameters: bf16 on (chosen), "
-                                "micro_batch_tokens 9216 (chosen), share_prefix off (chosen), zero_stage 3 (set)")
+                                "micro_batch_tokens 9216 (chosen), share_prefix off (chosen), pack_rows off (chosen), "
+                                "zero_stage 3 (set)")
     cpu = choose_learner(Hardware("cpu", 0, False), SMOLLM2_135M, LearnerConfig())
     assert cpu.summary().startswith("[learner] cpu (1 rank), 135M parameters: bf16 off (chosen)")
 
@@ -248,11 +250,12 @@ def test_the_trainer_runs_on_what_it_chose_and_says_so_once(tiny_model_dir, caps
     cfg.model.device, cfg.learner.bf16 = "cpu", False
     trainer = Trainer(cfg, tiny_model_dir)
     lc = trainer.cfg.learner
-    assert (lc.bf16, lc.micro_batch_tokens, lc.share_prefix, lc.zero_stage) == (False, 0, True, 0)
+    assert (lc.bf16, lc.micro_batch_tokens, lc.share_prefix, lc.pack_rows, lc.zero_stage) == (False, 0, True, True, 0)
     assert trainer.zero_stage == 0
     assert trainer.share_prefix
     assert not trainer.bf16
     assert cfg.learner.zero_stage is None  # the caller's config is left as it was
     out = capsys.readouterr().out
     assert out.count("[learner] cpu (1 rank)") == 1
-    assert "bf16 off (set), micro_batch_tokens 0 (chosen), share_prefix on (chosen), zero_stage 0 (chosen)" in out
+    assert ("bf16 off (set), micro_batch_tokens 0 (chosen), share_prefix on (chosen), pack_rows on (chosen), "
+            "zero_stage 0 (chosen)") in out

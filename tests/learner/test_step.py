@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -29,6 +30,7 @@ class TinyLearner:
     zero_stage = 0
     device = torch.device("cpu")
     tis_cap = None
+    packed = False  # run every micro-batch packed (ziprl.learner.packing)
 
     def __init__(self, cfg: ZipRLConfig, policy: torch.nn.Module, reference: torch.nn.Module | None) -> None:
         self.cfg, self.policy, self.reference = cfg, policy, reference
@@ -51,7 +53,7 @@ class TinyLearner:
 
     def micro_batches(self, rows):
         batches = make_micro_batches(rows, self.cfg.learner.micro_batch_turns, PAD, share_prefix=True)
-        return [(mb, True) for mb in batches], None
+        return [(dataclasses.replace(mb, packed=self.packed), True) for mb in batches], None
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -138,8 +140,11 @@ def hand_loss(policy, reference, groups: list[Group], cfg: ZipRLConfig) -> torch
     return -total
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("micro_batch_turns", [1, 2, 8])
-def test_the_step_takes_the_loss_and_gradient_of_the_papers_objective(models, micro_batch_turns):
+def test_the_step_takes_the_loss_and_gradient_of_the_papers_objective(models, micro_batch_turns, packed):
+    """Padded or packed (each micro-batch's rows one unpadded sequence), the step's loss and gradient are the
+    objective's."""
     policy, reference = models
     cfg = make_cfg(micro_batch_turns=micro_batch_turns)
     groups = make_groups()
@@ -150,6 +155,7 @@ def test_the_step_takes_the_loss_and_gradient_of_the_papers_objective(models, mi
     policy.zero_grad()
 
     learner = TinyLearner(cfg, copy.deepcopy(policy), reference)
+    learner.packed = packed
     stats = StepStats(lambda: 0.0)
     update_step(learner, groups, stats)
 
@@ -212,7 +218,8 @@ class PrefixLearner(TinyLearner):
     def micro_batches(self, rows):
         n, step = self.cfg.learner.micro_batch_turns, shared_prompt_len(rows)
         groups = [rows[s: s + n] for s in range(0, len(rows), n)]
-        batches = [(collate(g, PAD, max(step, shared_prompt_len(g))), True) for g in groups]
+        batches = [(dataclasses.replace(collate(g, PAD, max(step, shared_prompt_len(g))), packed=self.packed), True)
+                   for g in groups]
         assert all(mb.prefix_len > step for mb, _ in batches)  # each runs on past the step's prefix
         return batches, torch.tensor([rows[0].input_ids[:step]])
 
@@ -261,9 +268,11 @@ def direct_dlogp(before: torch.nn.Module, after: torch.nn.Module, groups: list[G
     return float(torch.cat(changes).mean())
 
 
-def probe_step(policy, lr: float, dtype: torch.dtype | None = None, same_responses: bool = False):
+def probe_step(policy, lr: float, dtype: torch.dtype | None = None, same_responses: bool = False,
+               packed: bool = False):
     groups = probe_groups(same_responses)
     learner = PrefixLearner(make_cfg(beta=0.0, hrr_weight=0.0, micro_batch_turns=4), copy.deepcopy(policy), lr, dtype)
+    learner.packed = packed
     stats = StepStats(lambda: 0.0)
     update_step(learner, groups, stats)
     assert stats.outcome == "trained"
@@ -271,10 +280,12 @@ def probe_step(policy, lr: float, dtype: torch.dtype | None = None, same_respons
     return policy, learner.policy, groups, stats
 
 
-def test_the_update_probe_reads_each_signs_change_of_log_pi_through_the_steps_prefix(probe_policy):
-    """A micro-batch holding both signs, read through the step's shared prefix: each sign's probe is the change of
-    log pi over exactly its own tokens, as the turns run whole before and after the update compute it."""
-    before, after, groups, stats = probe_step(probe_policy, lr=0.5)
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_update_probe_reads_each_signs_change_of_log_pi_through_the_steps_prefix(probe_policy, packed):
+    """A micro-batch holding both signs, read through the step's shared prefix (its rows padded or packed): each
+    sign's probe is the change of log pi over exactly its own tokens, as the turns run whole before and after the
+    update compute it; the step's prefix's gradient reaches the weights from every micro-batch."""
+    before, after, groups, stats = probe_step(probe_policy, lr=0.5, packed=packed)
     for sign in ("pos", "neg"):
         assert stats.dlogp[sign] == pytest.approx(direct_dlogp(before, after, groups, sign), abs=1e-5)
     assert abs(stats.dlogp["pos"] - stats.dlogp["neg"]) > 1e-3
@@ -297,3 +308,20 @@ def test_turns_that_are_the_same_tokens_change_alike_whatever_their_advantages_s
     before, after, groups, stats = probe_step(probe_policy, lr=0.5, same_responses=True)
     assert stats.dlogp["pos"] == pytest.approx(stats.dlogp["neg"], rel=1e-6)
     assert stats.dlogp["pos"] == pytest.approx(direct_dlogp(before, after, groups, "pos"), abs=1e-5)
+
+
+def test_packed_micro_batches_through_the_steps_prefix_take_the_padded_gradient(probe_policy):
+    """Micro-batches running on from the step's prefix, packed, leave the gradient the padded ones leave: the rows'
+    own tokens and the prefix's backward (carried from every micro-batch into the last) both reach the weights."""
+    grads = {}
+    for packed in (False, True):
+        learner = PrefixLearner(make_cfg(beta=0.0, hrr_weight=0.2, micro_batch_turns=4), copy.deepcopy(probe_policy),
+                                0.1, None)
+        learner.packed = packed
+        stats = StepStats(lambda: 0.0)
+        update_step(learner, probe_groups(), stats)
+        assert stats.passes == 2
+        grads[packed] = learner.grads
+    for got, want in zip(grads[True], grads[False], strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads[True])

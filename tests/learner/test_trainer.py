@@ -20,6 +20,7 @@ from ziprl.env.group import Group
 from ziprl.learner.advantages import compute_advantages
 from ziprl.learner.batch import build_rows, make_micro_batches, response_logprobs
 from ziprl.learner.losses.ppo_clip import policy_loss
+from ziprl.learner.packing import packing_pays, pair_cost
 from ziprl.learner.trainer import Trainer, shares_prefix, tis_cap
 from ziprl.policy.models import load_model, load_tokenizer
 from ziprl.testing.learner import (
@@ -202,6 +203,39 @@ def test_a_step_runs_the_prefix_its_turns_share_once(tiny_model_dir):
     assert shared["kl"] > 1e-4
     for key in ("loss", "kl", "trained_tokens", "tokens"):
         assert shared[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-8), key
+    assert grad.allclose(plain_grad, rtol=1e-4, atol=1e-6 * float(plain_grad.abs().max()))
+
+
+def test_micro_batches_run_packed_on_a_cpu_where_it_pays_and_the_step_is_the_same(tiny_model_dir, monkeypatch):
+    """On a CPU (``learner.pack_rows`` null) a micro-batch runs packed exactly where packing computes less
+    (:func:`packing_pays`; the tiny model's attention is costly beside its narrow layers, so a near-free attention is
+    patched in to make it pay); packed or not, the step's loss, KL and gradient are the same (float32)."""
+    from ziprl.learner import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "pair_cost", lambda config: 1e-9)
+    groups = make_groups(tiny_model_dir, groups=2, group_size=3, max_turns=2, logprob_noise=0.3)
+    runs = {}
+    for setting in (None, False):
+        trainer = Trainer(make_cfg(micro_batch_turns=4, beta=0.1, pack_rows=setting, probe_update=False),
+                          tiny_model_dir)
+        trainer.at_reference = False  # a reference that differs: the KL term is not 0
+        noise = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in trainer.reference.parameters():
+                p.add_(torch.randn(p.shape, generator=noise), alpha=0.02)
+        adv = compute_advantages(groups, trainer.cfg.learner)
+        rows = build_rows(adv.trajectories, adv.turn_advantages, trainer.cfg.learner.loss_norm)
+        batches = [mb for mb, _ in trainer.micro_batches(rows)[0]]
+        pays = [packing_pays(mb.response_ends, mb.prefix_len, 1e-9) for mb in batches]
+        assert [mb.packed for mb in batches] == (pays if setting is None else [False] * len(batches))
+        seen = capture_grads(trainer)
+        runs[setting] = (trainer.train_step(groups), seen[0], pays)
+    (packed, grad, pays), (plain, plain_grad, _) = runs[None], runs[False]
+    assert any(pays)
+    assert not packing_pays(batches[0].response_ends, batches[0].prefix_len, pair_cost(trainer.engine.module.config))
+    assert packed["kl"] > 0
+    for key in ("loss", "kl", "trained_tokens", "tokens"):
+        assert packed[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-8), key
     assert grad.allclose(plain_grad, rtol=1e-4, atol=1e-6 * float(plain_grad.abs().max()))
 
 

@@ -257,6 +257,11 @@ class LearnerConfig:
                                           "before) together in a micro-batch that runs their shared prompt once; off "
                                           "with gradient checkpointing. null = on a CPU, off on a GPU (its rows would "
                                           "need a masked attention kernel); docs/performance.md has the measurements.")
+    pack_rows: bool | None = opt(None, "run a micro-batch's rows (after the prefix they share) as one unpadded "
+                                       "sequence under a mask keeping each row to the prefix and itself, when that "
+                                       "computes fewer FLOPs than padding every row to the longest (linear layers "
+                                       "then skip the padding; attention spans the whole sequence). null = on a CPU, "
+                                       "off on a GPU (its masked attention kernels are slower).")
     steps: int = opt(2, "learner steps (policy versions) of Stage 2.")
     seed: int = opt(0, "seed of the training rollout jobs and of the cold start's shuffle.")
 

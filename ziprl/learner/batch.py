@@ -4,13 +4,18 @@ Layout (token-aligned): a row ``input_ids = prompt_ids + response_ids`` starts a
 right, so the forward needs no attention mask: causal attention alone keeps every real token from seeing padding
 (which only follows it), the positions are 0, 1, ... as in an unpadded forward, and attention runs its mask-free
 kernel (on an H100, Qwen3-1.7B: a micro-batch of left-padded prompts behind a padding mask ran the learner at 10.0k
-tokens/s, unpadded ones at 18.5k). The LM head reads, per row, only the hidden states that score its response tokens
-(gathered to [B, longest response, H] before the head), whatever the prompt lengths.
+tokens/s, unpadded ones at 18.5k). The LM head reads only the hidden states that score response tokens (gathered to a
+contiguous [1, N, H] before the head, N the batch's response tokens), whatever the prompt and response lengths.
 
 Shared prefix (``share_prefix``): the tokens every row of a micro-batch starts with (the system prompt of every
 turn, ~300 of a turn's ~700 tokens with the default prompt) sit in columns 0 .. S-1 of every row; the forward runs
 them once for the micro-batch and the rows attend to their repeated keys and values (``ziprl.policy.kv.prefix_cache``).
 Log-probs and gradients are those of the unshared forward (to float round-off).
+
+Packed rows (``MicroBatch.packed``, ``learner.pack_rows``): the rows' tokens after the shared prefix run as one
+unpadded sequence under a mask that keeps each row to the prefix and itself (:mod:`ziprl.learner.packing`), so no
+padding is computed; the log-probs and gradients are again the padded forward's, to float round-off.
+
 Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
 response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
 hidden state at t - 1 (the next-token shift is done inside ``response_logprobs``). Prompt tokens (system,
@@ -34,6 +39,7 @@ from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import token_weight
+from ziprl.learner.packing import pack_rows
 from ziprl.policy.kv import cache_kwarg, extend_prefix, prefix_cache, shared_prefix_len
 
 
@@ -63,6 +69,7 @@ class MicroBatch:
     response_starts: tuple[int, ...]  # each row's first response column
     response_ends: tuple[int, ...]  # each row's length (one past its last response column)
     prefix_len: int = 0  # columns 0 .. prefix_len - 1 hold the same tokens in every row (run once)
+    packed: bool = False  # the forward runs the rows' other tokens as one unpadded sequence (ziprl.learner.packing)
 
     def __post_init__(self) -> None:
         """An off-by-one between the loss mask and the responses is refused where the batch is built (on the host)."""
@@ -272,49 +279,43 @@ def entropy_from_logits(logits: Tensor, chunk_rows: int = 1024) -> Tensor:
     return torch.cat(out).reshape(logits.shape[:-1]) if out else flat.new_zeros(logits.shape[:-1])
 
 
-def _scoring_columns(batch: MicroBatch) -> Tensor:
-    """[B, R] long: row k's columns start_k - 1 .. start_k + R - 2, whose hidden states predict its response tokens (R
-    the batch's longest response), clamped into the batch (columns past a shorter response score nothing)."""
-    width = max(e - s for s, e in zip(batch.response_starts, batch.response_ends, strict=True))
-    starts = torch.tensor(batch.response_starts, device=batch.input_ids.device)
-    cols = starts[:, None] - 1 + torch.arange(width, device=starts.device)
-    return cols.clamp(max=batch.input_ids.size(1) - 1)
-
-
 def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float,
-                     prefix: Any = None) -> tuple[Tensor, Tensor]:
-    """Tempered logits [B, R, V] predicting each row's response tokens, and their [B, R] scoring columns; ``prefix``
-    is the KV cache of the batch's shared prefix when the caller computed it (else it is run here)."""
+                     prefix: Any = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Tempered logits [N, V] predicting the batch's N response tokens, and where those tokens sit (rows, columns: the
+    loss mask's nonzeros, row by row); ``prefix`` is the KV cache of the batch's shared prefix when the caller computed
+    it (else it is run here)."""
     if min(batch.response_starts) < 1:
         raise ValueError("position 0 cannot be a response token: it has no context to be scored from")
-    cols = _scoring_columns(batch)
-    s = batch.prefix_len
-    rows = cols - s  # the hidden states cover columns s .. T-1
+    where = batch.loss_mask.nonzero(as_tuple=True)
+    s, b = batch.prefix_len, 1 if batch.packed else batch.input_ids.size(0)
     if s and prefix is None:
-        prefix = prefix_cache(model, batch.input_ids[:1, :s], batch.input_ids.size(0))
+        prefix = prefix_cache(model, batch.input_ids[:1, :s], b)
     elif s and prefix.get_seq_length() < s:  # a step's prefix (one row), then the tokens these rows share beyond it
-        prefix = extend_prefix(model, prefix, batch.input_ids[:1, prefix.get_seq_length():s], batch.input_ids.size(0))
+        prefix = extend_prefix(model, prefix, batch.input_ids[:1, prefix.get_seq_length():s], b)
     cached = {cache_kwarg(model): prefix} if s else {}
-    # the LM head reads only the scoring positions, gathered to a contiguous [B, R, H] batch
+    # the hidden state at column t - 1 scores the token at t; the forward's hidden states cover columns s onwards
+    rows, scoring = where[0], where[1] - 1 - s
+    if batch.packed:
+        packed = pack_rows(batch.input_ids, batch.response_ends, s)
+        inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                  "attention_mask": packed.attention_mask}
+        at = packed.offsets[rows] + scoring
+    else:
+        inputs, at = {"input_ids": batch.input_ids[:, s:]}, rows * (batch.input_ids.size(1) - s) + scoring
+    # the LM head reads only the N scoring positions, gathered to a contiguous [1, N, H]
     head = getattr(model, "module", model).get_output_embeddings()
-    hook = head.register_forward_pre_hook(
-        lambda _, args: (args[0].gather(1, rows[..., None].expand(-1, -1, args[0].size(-1))), *args[1:]))
+    hook = head.register_forward_pre_hook(lambda _, args: (args[0].reshape(-1, args[0].size(-1))[at][None], *args[1:]))
     try:
-        out = model(input_ids=batch.input_ids[:, s:], use_cache=False, logits_to_keep=0, **cached)
+        out = model(**inputs, use_cache=False, logits_to_keep=0, **cached)
     finally:
         hook.remove()
-    return (out.logits if temperature == 1.0 else out.logits / temperature), cols
+    logits = out.logits[0]
+    return (logits if temperature == 1.0 else logits / temperature), where
 
 
-def _place(values: Tensor, cols: Tensor, batch: MicroBatch) -> Tensor:
-    """Values per scoring column [B, R] moved to the token each one predicts [B, T]; 0 outside response tokens."""
-    at = (torch.arange(batch.input_ids.size(1), device=values.device) - 1 - cols[:, :1]).clamp(0, values.size(1) - 1)
-    return torch.where(batch.loss_mask.bool(), values.gather(1, at), torch.zeros((), device=values.device))
-
-
-def _targets(batch: MicroBatch, cols: Tensor) -> Tensor:
-    """The token each scoring column predicts (the next column's; clamped columns predict padding)."""
-    return batch.input_ids.gather(1, (cols + 1).clamp(max=batch.input_ids.size(1) - 1))
+def _place(values: Tensor, where: tuple[Tensor, Tensor], batch: MicroBatch) -> Tensor:
+    """Values of the response tokens [N] at their columns ``where`` of a [B, T] tensor; 0 elsewhere."""
+    return values.new_zeros(batch.input_ids.shape).index_put(where, values)
 
 
 def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0,
@@ -326,14 +327,14 @@ def response_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: fl
     logits are divided by ``temperature``, which must match how the behaviour log-probs were computed. ``prefix``: the
     KV cache of the batch's first ``prefix_len`` tokens, when computed already (:class:`~ziprl.learner.prefix.StepPrefix`).
     """
-    logits, cols = _response_logits(model, batch, temperature, prefix)
-    return _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
+    logits, where = _response_logits(model, batch, temperature, prefix)
+    return _place(token_logprobs(logits, batch.input_ids[where]), where, batch)
 
 
 def response_logprobs_and_entropy(
     model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0, prefix: Any = None
 ) -> tuple[Tensor, Tensor]:
     """As ``response_logprobs`` plus the per-position policy entropy (no grad; for logging), one forward."""
-    logits, cols = _response_logits(model, batch, temperature, prefix)
-    logp = _place(token_logprobs(logits, _targets(batch, cols)), cols, batch)
-    return logp, _place(entropy_from_logits(logits), cols, batch)
+    logits, where = _response_logits(model, batch, temperature, prefix)
+    logp = _place(token_logprobs(logits, batch.input_ids[where]), where, batch)
+    return logp, _place(entropy_from_logits(logits), where, batch)

@@ -166,7 +166,8 @@ class LearnerChoice:
         where = f"{hw.device} ({hw.ranks} rank{'s' * (hw.ranks > 1)}"
         where += f", {hw.gpu_bytes / 2**30:.1f} GiB a GPU)" if hw.gpu_bytes else ")"
         values = {"bf16": "on" if lc.bf16 else "off", "micro_batch_tokens": str(lc.micro_batch_tokens),
-                  "share_prefix": "on" if lc.share_prefix else "off", "zero_stage": str(lc.zero_stage)}
+                  "share_prefix": "on" if lc.share_prefix else "off", "pack_rows": "on" if lc.pack_rows else "off",
+                  "zero_stage": str(lc.zero_stage)}
         parts = [f"{name} {value} ({'chosen' if name in self.chosen else 'set'})" for name, value in values.items()]
         line = f"[learner] {where}, {self.size.params / 1e6:,.0f}M parameters: {', '.join(parts)}"
         return line + (f"; warning: {self.warning}" if self.warning else "")
@@ -189,13 +190,14 @@ def state_bytes(size: ModelSize, stage: int, ranks: int, bf16: bool, beta: float
 
 
 def choose_learner(hw: Hardware, size: ModelSize, lc: LearnerConfig) -> LearnerChoice:
-    """``lc`` with its null ``bf16``, ``share_prefix``, ``zero_stage`` and ``micro_batch_tokens`` chosen for ``hw``
-    and ``size``: on a CPU bf16 where measured faster, the shared prefix, ZeRO 0 and passes of micro_batch_turns
-    turns (0); on a GPU bf16 (where supported), no shared prefix, ZeRO 2 (3 when several ranks need the sharding to
+    """``lc`` with its null ``bf16``, ``share_prefix``, ``pack_rows``, ``zero_stage`` and ``micro_batch_tokens`` chosen
+    for ``hw`` and ``size``: on a CPU bf16 where measured faster, the shared prefix, packed rows, ZeRO 0 and passes of
+    micro_batch_turns turns (0); on a GPU bf16 (where supported), no shared prefix or packing, ZeRO 2 (3 when several ranks need the sharding to
     leave MIN_PASS_TOKENS of room), and a token budget of what memory holds beside the training state, at most
     GPU_PASS_TOKENS. Values the user set are kept."""
     bf16 = bool(hw.bf16_pays) if lc.bf16 is None else lc.bf16
     share_prefix = hw.device == "cpu" if lc.share_prefix is None else lc.share_prefix
+    pack_rows = hw.device == "cpu" if lc.pack_rows is None else lc.pack_rows
     stage, tokens, warning = lc.zero_stage, lc.micro_batch_tokens, ""
     if hw.device == "cpu":
         stage, tokens = 0 if stage is None else stage, 0 if tokens is None else tokens
@@ -216,7 +218,8 @@ def choose_learner(hw: Hardware, size: ModelSize, lc: LearnerConfig) -> LearnerC
                        f"{MIN_PASS_TOKENS}-token pass) exceeds {GPU_USABLE:.0%} of this GPU's "
                        f"{hw.gpu_bytes / 2**30:.0f} GiB: expect out-of-memory; use more learner ranks "
                        f"(ray.learner_ranks, ZeRO-3), learner.beta=0 or a smaller model")
-    chosen = tuple(name for name in ("bf16", "micro_batch_tokens", "share_prefix", "zero_stage")
+    chosen = tuple(name for name in ("bf16", "micro_batch_tokens", "share_prefix", "pack_rows", "zero_stage")
                    if getattr(lc, name) is None)
-    learner = dataclasses.replace(lc, bf16=bf16, share_prefix=share_prefix, zero_stage=stage, micro_batch_tokens=tokens)
+    learner = dataclasses.replace(lc, bf16=bf16, share_prefix=share_prefix, pack_rows=pack_rows, zero_stage=stage,
+                                  micro_batch_tokens=tokens)
     return LearnerChoice(learner, chosen, hw, size, warning)

@@ -209,10 +209,10 @@ def policy_prefix(model: Trainable, prefix_ids: Tensor | None) -> StepPrefix | N
 
 def read_prefix(prefix: StepPrefix | None, mb: MicroBatch, last: bool = True) -> Any:
     """The step prefix's KV cache for ``mb``'s rows, or for one row when they share more tokens (the forward runs
-    those on from it); None when ``mb`` runs without it (no step prefix, or a filler)."""
+    those on from it) or run packed; None when ``mb`` runs without it (no step prefix, or a filler)."""
     if prefix is None or not mb.prefix_len:
         return None
-    return prefix.cache(mb.input_ids.size(0) if mb.prefix_len == prefix.length else 1, last)
+    return prefix.cache(mb.input_ids.size(0) if mb.prefix_len == prefix.length and not mb.packed else 1, last)
 
 
 def backward_pass(model: Trainable, loss: Tensor, prefix: StepPrefix | None, last: bool) -> None:

@@ -51,6 +51,7 @@ from ziprl.learner.batch import (
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.hardware import GemmPeak, ModelSize, choose_learner, device_clock, hardware
+from ziprl.learner.packing import packing_pays, pair_cost
 from ziprl.learner.step import backward_pass, policy_prefix, read_prefix, update_step
 from ziprl.learner.step_stats import StepStats, StepSums
 from ziprl.paths import atomic_dir
@@ -164,6 +165,10 @@ class Trainer:
             self.engine.enable_backward_allreduce = False  # one rank: averaging would only copy every gradient
         self.device = self.engine.device
         self.share_prefix = shares_prefix(lc.share_prefix, self.device.type, lc.gradient_checkpointing)
+        # what attention costs a query-key pair, for packing_pays; 0: never pack (packed rows need a 4-D boolean
+        # mask, which the sdpa attention takes as is)
+        sdpa = model.config._attn_implementation == "sdpa"
+        self.pair_cost = pair_cost(model.config) if lc.pack_rows and sdpa else 0.0
         self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self._gemm_peak = GemmPeak(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
         self._clock = device_clock(self.device)  # the step's parts timed as the device runs them
@@ -269,14 +274,19 @@ class Trainer:
             counts = [len(groups)]
         mine = [row for group in groups for row in group]
         s = shared_prompt_len(mine) if self.share_prefix and len(groups) > 1 and self.zero_stage != 3 else 0
-        batches = [(collate(group, self.pad_id, micro_batch_prefix_len(group, s, self.share_prefix, own)), True)
-                   for group in groups]
+        batches = [(self._packed(collate(group, self.pad_id, micro_batch_prefix_len(group, s, self.share_prefix, own))),
+                    True) for group in groups]
         missing = max(counts) - len(batches)
         if missing:
             filler = collate([dataclasses.replace(rows[0], weight=0.0)], self.pad_id)
             batches += [(filler, False)] * missing
         prefix = torch.tensor([mine[0].input_ids[:s]], device=self.device) if s else None
         return [(mb.to(self.device), real) for mb, real in batches], prefix
+
+    def _packed(self, mb: MicroBatch) -> MicroBatch:
+        """``mb`` to run packed when ``learner.pack_rows`` is on and packing computes less (:func:`packing_pays`)."""
+        pays = self.pair_cost and packing_pays(mb.response_ends, mb.prefix_len, self.pair_cost)
+        return dataclasses.replace(mb, packed=True) if pays else mb
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate ``loss``'s gradient (no reduce, clip or update: :meth:`optimizer_step` is the boundary)."""

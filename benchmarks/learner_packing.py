@@ -1,0 +1,115 @@
+"""The learner's micro-batches packed or padded (``learner.pack_rows``), timed in one run on recorded training steps.
+
+    python benchmarks/learner_packing.py --trajectories RUN/trajectories/step_000001.parquet [more.parquet ...]
+                                         [--config configs/learn-invented.yaml] [--model DIR] [--groups N]
+                                         [--reps 3] [--name learner_packing]
+
+Each ``--trajectories`` file is one step's groups as ``ziprl.train`` recorded them (token ids, behaviour log-probs,
+rewards, Q_com); ``--groups N`` keeps each file's first N groups (a CPU's float32 step over all of them takes
+minutes). One :class:`~ziprl.learner.trainer.Trainer` (``--config``'s learner settings, from ``--model``:
+default the embedded model) trains on them ``--reps`` times in each layout, the two alternating so that load drift
+falls on both: ``padded`` (every row of a micro-batch padded to its longest) and ``packed`` (the default on a CPU:
+micro-batches packed where :func:`~ziprl.learner.packing.packing_pays`). The first step of each layout warms up.
+Per step file and layout the table gives the rows, micro-batches (packed ones), the tokens the linear layers
+compute (padding included), the median learner step and its range, and the padded / packed speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import portable, results_name, write_results  # noqa: E402
+
+from ziprl.config import load_config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def linear_tokens(batches) -> int:
+    """Tokens a step's forward runs through the linear layers: per micro-batch its prefix once (a step prefix is
+    counted per micro-batch, an upper bound), then every row's own tokens, padded to the longest unless packed."""
+    total = 0
+    for mb, _ in batches:
+        own = [n - mb.prefix_len for n in mb.response_ends]
+        total += mb.prefix_len + (sum(own) if mb.packed else len(own) * max(own))
+    return total
+
+
+def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
+    from ziprl.env.group import Group
+    from ziprl.env.trajectory import load_trajectories
+    from ziprl.learner.advantages import compute_advantages
+    from ziprl.learner.batch import build_rows
+
+    by_group = defaultdict(list)
+    for traj in load_trajectories(path):
+        by_group[traj.group_id].append(traj)
+    groups = [Group(tuple(t)) for t in by_group.values()][: groups_kept or None]
+    adv = compute_advantages(groups, trainer.cfg.learner)
+    rows = build_rows(adv.trajectories, adv.turn_advantages, trainer.cfg.learner.loss_norm)
+    pair, seconds, layout = trainer.pair_cost, defaultdict(list), {}
+    for rep in range(reps + 1):
+        for name in ("padded", "packed") if rep % 2 else ("packed", "padded"):
+            trainer.pair_cost = pair if name == "packed" else 0
+            batches = trainer.micro_batches(rows)[0]
+            layout[name] = (len(batches), sum(mb.packed for mb, _ in batches), linear_tokens(batches))
+            start = time.perf_counter()
+            trainer.train_step(groups)
+            if rep:
+                seconds[name].append(time.perf_counter() - start)
+            print(f"{path.name} rep {rep} {name}: {time.perf_counter() - start:.2f} s", flush=True)
+    trainer.pair_cost = pair
+    out = []
+    for name in ("padded", "packed"):
+        passes, packed, tokens = layout[name]
+        out.append({"step": portable(path), "layout": name, "groups": len(groups), "rows": len(rows), "micro_batches": passes,
+                    "packed_micro_batches": packed, "linear_tokens": tokens,
+                    "learner_s": statistics.median(seconds[name]), "learner_s_min": min(seconds[name]),
+                    "learner_s_max": max(seconds[name])})
+    out[1]["speedup"] = out[0]["learner_s"] / out[1]["learner_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trajectories", nargs="+", type=Path, required=True,
+                    help="recorded steps: RUN/trajectories/step_NNNNNN.parquet")
+    ap.add_argument("--config", default=str(REPO / "configs" / "learn-invented.yaml"))
+    ap.add_argument("--model", help="model directory (default: the embedded model)")
+    ap.add_argument("--groups", type=int, default=0, help="each file's first N groups (0: all)")
+    ap.add_argument("--reps", type=int, default=3, help="timed steps per layout and file, after one warm-up each")
+    ap.add_argument("--name", type=results_name, default="learner_packing")
+    args = ap.parse_args()
+    if args.reps < 1 or args.groups < 0:
+        ap.error("--reps must be >= 1 and --groups >= 0")
+    if missing := [str(p) for p in args.trajectories if not p.is_file()]:
+        ap.error(f"no such trajectory file(s): {', '.join(missing)} (a run writes them under RUN/trajectories/)")
+    cfg = load_config(args.config)
+    if cfg.learner.pack_rows is False:
+        ap.error(f"{args.config} sets learner.pack_rows=false: give a config that lets the learner pack")
+    cfg.model.device = "cpu"
+    cfg.learner.probe_update = False
+
+    from ziprl.learner.trainer import Trainer
+
+    trainer = Trainer(cfg, args.model)
+    if not trainer.pair_cost:
+        ap.error("this learner cannot pack (it needs the sdpa attention on a CPU)")
+    rows = [row for path in args.trajectories for row in measure(path, trainer, args.groups, args.reps)]
+    write_results(args.name, rows, meta=vars(args) | {"config": portable(args.config), "model": portable(args.model),
+                                                      "trajectories": [portable(p) for p in args.trajectories],
+                                                      "bf16": trainer.bf16, "threads": os.environ.get("OMP_NUM_THREADS")},
+                  config=args.config)
+
+
+if __name__ == "__main__":
+    main()
