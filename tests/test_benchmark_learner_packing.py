@@ -1,0 +1,36 @@
+"""benchmarks/learner_packing.py: the tokens it counts per layout, and its arguments checked before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from ziprl.learner.batch import TurnRow, collate
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import learner_packing  # noqa: E402
+
+
+def test_the_linear_layers_tokens_count_padding_unless_packed():
+    rows = [TurnRow([1, 2, 3, 4, 5, 6], 4, [0.0] * 2, 1.0, 1.0, 0), TurnRow([1, 2, 3, 7], 3, [0.0], 1.0, 1.0, 1)]
+    mb = collate(rows, 0, 2)  # 2 prefix tokens, then 4 and 2 own tokens
+    assert learner_packing.linear_tokens([(mb, True)]) == 2 + 2 * 4
+    assert learner_packing.linear_tokens([(dataclasses.replace(mb, packed=True), True)]) == 2 + 4 + 2
+    assert learner_packing.linear_tokens([(mb, True), (mb, True)]) == 2 * (2 + 2 * 4)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--trajectories", "nowhere.parquet"], "no such trajectory file"),
+    (["--trajectories", "x.parquet", "--reps", "0"], "--reps must be >= 1"),
+    (["--trajectories", "x.parquet", "--name", "../x"], "--name"),
+])
+def test_bad_arguments_exit_2_before_any_work(args, says, tmp_path):
+    (tmp_path / "x.parquet").write_bytes(b"")
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learner_packing.py"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
