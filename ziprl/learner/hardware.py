@@ -192,9 +192,9 @@ def state_bytes(size: ModelSize, stage: int, ranks: int, bf16: bool, beta: float
 def choose_learner(hw: Hardware, size: ModelSize, lc: LearnerConfig) -> LearnerChoice:
     """``lc`` with its null ``bf16``, ``share_prefix``, ``pack_rows``, ``zero_stage`` and ``micro_batch_tokens`` chosen
     for ``hw`` and ``size``: on a CPU bf16 where measured faster, the shared prefix, packed rows, ZeRO 0 and passes of
-    micro_batch_turns turns (0); on a GPU bf16 (where supported), no shared prefix or packing, ZeRO 2 (3 when several ranks need the sharding to
-    leave MIN_PASS_TOKENS of room), and a token budget of what memory holds beside the training state, at most
-    GPU_PASS_TOKENS. Values the user set are kept."""
+    micro_batch_turns turns (0); on a GPU bf16 (where supported), no shared prefix or packing, ZeRO 2 (3 when several
+    ranks need the sharding to leave MIN_PASS_TOKENS of room), and a token budget of what memory holds beside the
+    training state, at most GPU_PASS_TOKENS. Values the user set are kept."""
     bf16 = bool(hw.bf16_pays) if lc.bf16 is None else lc.bf16
     share_prefix = hw.device == "cpu" if lc.share_prefix is None else lc.share_prefix
     pack_rows = hw.device == "cpu" if lc.pack_rows is None else lc.pack_rows
