@@ -312,11 +312,12 @@ def test_turns_that_are_the_same_tokens_change_alike_whatever_their_advantages_s
 
 def test_packed_micro_batches_through_the_steps_prefix_take_the_padded_gradient(probe_policy):
     """Micro-batches running on from the step's prefix, packed, leave the gradient the padded ones leave: the rows'
-    own tokens and the prefix's backward (carried from every micro-batch into the last) both reach the weights."""
+    own tokens and the prefix's backward (carried from every micro-batch into the last) both reach the weights. A
+    wide clip keeps every token's ratio unclipped, so every row's tokens carry gradient."""
     grads = {}
     for packed in (False, True):
-        learner = PrefixLearner(make_cfg(beta=0.0, hrr_weight=0.2, micro_batch_turns=4), copy.deepcopy(probe_policy),
-                                0.1, None)
+        learner = PrefixLearner(make_cfg(beta=0.0, hrr_weight=0.2, micro_batch_turns=4, clip_eps=10.0),
+                                copy.deepcopy(probe_policy), 0.1, None)
         learner.packed = packed
         stats = StepStats(lambda: 0.0)
         update_step(learner, probe_groups(), stats)
