@@ -47,31 +47,36 @@ def linear_tokens(batches) -> int:
 def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
     from ziprl.env.group import Group
     from ziprl.env.trajectory import load_trajectories
-    from ziprl.learner.advantages import compute_advantages
-    from ziprl.learner.batch import build_rows
 
     by_group = defaultdict(list)
     for traj in load_trajectories(path):
         by_group[traj.group_id].append(traj)
     groups = [Group(tuple(t)) for t in by_group.values()][: groups_kept or None]
-    adv = compute_advantages(groups, trainer.cfg.learner)
-    rows = build_rows(adv.trajectories, adv.turn_advantages, trainer.cfg.learner.loss_norm)
+    plan, planned = trainer.micro_batches, []
+
+    def recorded(*args, **kwargs):  # the micro-batches each step runs, as it planned them
+        out = plan(*args, **kwargs)
+        planned.append(out[0])
+        return out
+
+    trainer.micro_batches = recorded
     pair, seconds, layout = trainer.pair_cost, defaultdict(list), {}
     for rep in range(reps + 1):
         for name in ("padded", "packed") if rep % 2 else ("packed", "padded"):
             trainer.pair_cost = pair if name == "packed" else 0
-            batches = trainer.micro_batches(rows)[0]
-            layout[name] = (len(batches), sum(mb.packed for mb, _ in batches), linear_tokens(batches))
             start = time.perf_counter()
             trainer.train_step(groups)
             if rep:
                 seconds[name].append(time.perf_counter() - start)
+            batches = planned[-1]
+            layout[name] = (len(batches), sum(mb.packed for mb, _ in batches), linear_tokens(batches),
+                            sum(len(mb.response_ends) for mb, real in batches if real))
             print(f"{path.name} rep {rep} {name}: {time.perf_counter() - start:.2f} s", flush=True)
-    trainer.pair_cost = pair
+    trainer.pair_cost, trainer.micro_batches = pair, plan
     out = []
     for name in ("padded", "packed"):
-        passes, packed, tokens = layout[name]
-        out.append({"step": portable(path), "layout": name, "groups": len(groups), "rows": len(rows), "micro_batches": passes,
+        passes, packed, tokens, rows = layout[name]
+        out.append({"step": portable(path), "layout": name, "groups": len(groups), "rows": rows, "micro_batches": passes,
                     "packed_micro_batches": packed, "linear_tokens": tokens,
                     "learner_s": statistics.median(seconds[name]), "learner_s_min": min(seconds[name]),
                     "learner_s_max": max(seconds[name])})
