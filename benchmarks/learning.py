@@ -140,11 +140,15 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
 
 
 def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] | None:
-    """The ``ziprl.train`` command of one RL run, or None when it finished earlier under the same directory."""
+    """The ``ziprl.train`` command of one RL run, or None when it finished earlier under the same directory. A run
+    that stopped short (interrupted, or run with fewer ``--steps``) continues from its last checkpoint; one that
+    left no checkpoint starts over."""
     cfg = load_config(config, overrides)
-    if len(read_metrics(run_dir)) == cfg.learner.steps:
+    if len(read_metrics(run_dir)) >= cfg.learner.steps:
         return None
-    resume = ["--overwrite"] if (run_dir / ".ziprl-run").is_file() else []  # an interrupted run starts over
+    started = (run_dir / ".ziprl-run").is_file()
+    resume = ["--resume"] if started and (run_dir / "checkpoints" / "latest").is_file() else \
+        ["--overwrite"] if started else []
     return [sys.executable, "-m", "ziprl.train", "--config", str(config), "--out", str(run_dir), *resume,
             *[a for o in overrides for a in ("--set", o)]]
 

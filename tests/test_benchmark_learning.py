@@ -335,6 +335,27 @@ def test_jobs_start_once_those_they_come_after_finish_and_not_after_a_failure(le
     assert order.read_text().split() == ["broken"]
 
 
+def test_a_run_that_stopped_short_continues_from_its_checkpoint(learning, tmp_path):
+    """A finished run is reused, one with a checkpoint and fewer steps resumes, one without a checkpoint starts
+    over (its directory is ZipRL's), and a new one starts plain."""
+    run = tmp_path / "w0.2_seed0"
+
+    def command(steps):
+        cmd = learning.rl_command(Path("configs/learn-cpu.yaml"), [f"learner.steps={steps}"], run)
+        return cmd and [a for a in cmd if a in ("--resume", "--overwrite")]
+
+    assert command(5) == []
+    run.mkdir()
+    (run / ".ziprl-run").write_text("{}")
+    assert command(5) == ["--overwrite"]
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step_2-abc\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert command(5) == ["--resume"]
+    assert command(2) is None
+    assert command(1) is None
+
+
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,

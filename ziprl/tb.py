@@ -4,21 +4,38 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 
 class MetricsLogger:
-    """Writes every scalar to TensorBoard under ``<out>/tb`` and appends it to ``<out>/metrics.jsonl``."""
+    """Writes every scalar to TensorBoard under ``<out>/tb`` and appends it to ``<out>/metrics.jsonl``.
+
+    The first step it logs replaces whatever the run logged from that step on: a run resumed from an earlier
+    checkpoint than its last logged step logs those steps again, and keeps one row per step (TensorBoard's
+    ``purge_step`` hides the old events the same way)."""
 
     def __init__(self, out_dir: str | Path):
-        from torch.utils.tensorboard import SummaryWriter
-
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(str(self.out / "tb"))
-        self._jsonl = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.writer = None
+        self._jsonl = None
+
+    def _open(self, first_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        path = self.out / "metrics.jsonl"
+        if path.is_file():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines() if _step_of(line) < first_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        self.writer = SummaryWriter(str(self.out / "tb"), purge_step=first_step)
+        self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     def log(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
+        if self.writer is None:
+            self._open(step)
         clean = {f"{prefix}{k}": float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
         for k, v in clean.items():
             self.writer.add_scalar(k, v, step)
@@ -27,5 +44,14 @@ class MetricsLogger:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
-        self._jsonl.close()
+        if self.writer is not None:
+            self.writer.close()
+            self._jsonl.close()
+
+
+def _step_of(line: str) -> float:
+    """A metrics row's step; a row torn by a kill mid-write reads as infinitely late, so it is dropped."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
