@@ -65,7 +65,11 @@ TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_
                  "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
                  "zero_variance_frac_sampled": "rollout/zero_variance_frac_sampled",
                  "dlogp_pos_adv": "learner/dlogp_pos_adv", "dlogp_neg_adv": "learner/dlogp_neg_adv",
+                 "adv_std": "learner/adv_std", "hrr_abs_mean": "learner/hrr_abs_mean",  # HRR's share of the signal
                  "step_seconds": "perf/step_seconds"}
+
+
+CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir"}  # may differ when a run goes on
 
 
 def log(msg: str) -> None:
@@ -144,6 +148,10 @@ def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] |
     that stopped short (interrupted, or run with fewer ``--steps``) continues from its last checkpoint; one that
     left no checkpoint starts over."""
     cfg = load_config(config, overrides)
+    changed = settings_changed(run_dir, cfg.to_dict())
+    if changed:
+        raise SystemExit(f"error: {run_dir} was trained with other settings ({', '.join(changed)}); pass another "
+                         "--out, or delete that run to train it again")
     if len(read_metrics(run_dir)) >= cfg.learner.steps:
         return None
     started = (run_dir / ".ziprl-run").is_file()
@@ -151,6 +159,17 @@ def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] |
         ["--overwrite"] if started else []
     return [sys.executable, "-m", "ziprl.train", "--config", str(config), "--out", str(run_dir), *resume,
             *[a for o in overrides for a in ("--set", o)]]
+
+
+def settings_changed(run_dir: Path, config: dict) -> list[str]:
+    """The settings (``section.field``) in which ``config`` differs from the ``config.json`` the run was started with,
+    other than those a continued run may change (none when the run recorded no configuration)."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return []
+    ran, config = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(config))  # tuples as lists
+    return [f"{section}.{key}" for section, fields in config.items() for key, value in fields.items()
+            if f"{section}.{key}" not in CONTINUABLE and ran.get(section, {}).get(key) != value]
 
 
 @dataclass(frozen=True)

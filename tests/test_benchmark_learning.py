@@ -356,6 +356,19 @@ def test_a_run_that_stopped_short_continues_from_its_checkpoint(learning, tmp_pa
     assert command(1) is None
 
 
+def test_a_run_trained_with_other_settings_is_neither_continued_nor_reused(learning, tmp_path):
+    from ziprl.config import load_config
+    from ziprl.rundir import write_config
+
+    config, run = Path("configs/learn-cpu.yaml"), tmp_path / "w0.2_seed0"
+    write_config(run, load_config(config, ["learner.steps=2", "run.checkpoint_every=1", "learner.lr=1e-5"]).to_dict())
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert learning.rl_command(config, ["learner.steps=2", "learner.lr=1e-5"], run) is None
+    assert learning.settings_changed(run, load_config(config, ["learner.steps=5", "learner.lr=1e-5"]).to_dict()) == []
+    with pytest.raises(SystemExit, match=r"trained with other settings \(learner.lr, learner.seed\); pass another --out"):
+        learning.rl_command(config, ["learner.steps=5", "learner.lr=2e-5", "learner.seed=3"], run)
+
+
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,

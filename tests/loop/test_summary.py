@@ -131,6 +131,8 @@ def test_train_prints_the_summary_when_the_run_ends(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(command, "check_inputs", lambda cfg: None)
     monkeypatch.chdir(tmp_path)
     assert command.main(["--out", "run", "--sft-checkpoint", "sft", "--set", "env.max_turns=4"]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())  # what the run was trained with
+    assert (config["env"]["max_turns"], config["run"]["sft_checkpoint"]) == (4, "sft")
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("── ziprl.train: done")
     assert "  reward                  0.10 → 0.20" in lines

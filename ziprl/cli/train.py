@@ -5,7 +5,8 @@
 
 For debugging and small runs (the library is :mod:`ziprl.loop.in_process`); ``python -m ziprl.launch`` runs
 the same loop (``ziprl.loop.training``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
-(``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). Each step writes its trajectories (Parquet), TensorBoard scalars and, every
+(``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). The run's configuration
+goes to ``config.json``; each step writes its trajectories (Parquet), TensorBoard scalars and, every
 ``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
 """
 
@@ -19,7 +20,7 @@ from ziprl.cli.common import add_run_arguments, check_inputs, command_line, over
 from ziprl.config import load_config
 from ziprl.loop.in_process import train
 from ziprl.loop.summary import config_arguments, run_arguments, summary_for
-from ziprl.rundir import claim_run_dir, plan_run_dir
+from ziprl.rundir import claim_run_dir, plan_run_dir, write_config
 
 
 @run_command
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg)
     with claim_run_dir(plan, command_line("ziprl.train", argv or [])):  # the first write, once every input is good
+        write_config(cfg.run.out_dir, cfg.to_dict())
         train(cfg)
     again = run_arguments(cfg.run.out_dir, {"--sft-checkpoint": args.sft_checkpoint})
     print(summary_for(cfg, "ziprl.train", False, config_arguments(args.config, args.set), again))
