@@ -181,7 +181,9 @@ class RolloutConfig:
                                         "dynamic_sampling_metric is equal across its G trajectories and draw more "
                                         "questions until learner.global_batch_questions groups with variance are "
                                         "in hand, so every step trains on signal and runs compared at equal steps "
-                                        "take equal updates. Dropped groups go to trajectories/dropped/.")
+                                        "take equal updates. Dropped groups go to trajectories/dropped/; with "
+                                        "learner.hrr_weight > 0 their per-turn HRR term, the only signal they "
+                                        "carry, is dropped with them.")
     dynamic_sampling_metric: str = opt("reward", "what a group must vary in to be kept by dynamic_sampling: "
                                                  "reward | em | f1.")
     max_sample_rounds: int = opt(10, "with dynamic_sampling, a step samples at most this many x "
