@@ -155,9 +155,12 @@ def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] |
                          "--out, or delete that run to train it again")
     if len(read_metrics(run_dir)) >= cfg.learner.steps:
         return None
-    started = (run_dir / ".ziprl-run").is_file()
-    resume = ["--resume"] if started and (run_dir / "checkpoints" / "latest").is_file() else \
-        ["--overwrite"] if started else []
+    if not (run_dir / ".ziprl-run").is_file():
+        resume = []
+    elif (run_dir / "checkpoints" / "latest").is_file():
+        resume = ["--resume"]
+    else:  # it stopped before its first checkpoint
+        resume = ["--overwrite"]
     return [sys.executable, "-m", "ziprl.train", "--config", str(config), "--out", str(run_dir), *resume,
             *[a for o in overrides for a in ("--set", o)]]
 

@@ -59,7 +59,7 @@ LAYERS: dict[str, Row] = {
     "env/": row(FOUNDATION | {"scoring/", "retrieval/"}, HEAVY, {"sentence_transformers"}),
     "weights/": row(FOUNDATION, HEAVY - {"torch"}, {"torch"}),
     "policy/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/"}, {"ray", "deepspeed"}),
-    "tb.py": row((), HEAVY - {"torch"}, {"torch"}),
+    "tb.py": row({"paths.py"}, HEAVY - {"torch"}, {"torch"}),
     "plots.py": row({"env/"}, HEAVY, {"matplotlib"}),
     "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/"}, {"ray"}),
     "loop/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/", "policy/", "learner/", "tb.py"}, HEAVY),

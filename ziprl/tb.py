@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from ziprl.paths import atomic_write_text
 
 
 class MetricsLogger:
@@ -27,9 +28,7 @@ class MetricsLogger:
         path = self.out / "metrics.jsonl"
         if path.is_file():
             kept = [line for line in path.read_text(encoding="utf-8").splitlines() if _step_of(line) < first_step]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, path)
+            atomic_write_text(path, "".join(f"{line}\n" for line in kept))
         self.writer = SummaryWriter(str(self.out / "tb"), purge_step=first_step)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
