@@ -223,8 +223,10 @@ def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    from ziprl.loop.summary import step_rows
+
     path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    return step_rows(path.read_text(encoding="utf-8").splitlines()) if path.is_file() else []
 
 
 def checkpoint_model(run_dir: Path, step: int, base: Path) -> Path:

@@ -410,7 +410,7 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
             else:
                 run = Path(cmd[cmd.index("--out") + 1])
                 run.mkdir(parents=True)
-                (run / "metrics.jsonl").write_text('{"rollout/reward": 0.5}\n' * 2)
+                (run / "metrics.jsonl").write_text('{"step": 1, "rollout/reward": 0.5}\n{"step": 2, "rollout/reward": 0.5}\n')
 
     monkeypatch.setattr(learning, "split_questions", split)
     monkeypatch.setattr(learning, "run_parallel", parallel)

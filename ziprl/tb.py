@@ -27,8 +27,10 @@ class MetricsLogger:
 
         path = self.out / "metrics.jsonl"
         if path.is_file():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines() if _step_of(line) < first_step]
-            atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+            lines = path.read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if _step_of(line) < first_step]
+            if len(kept) < len(lines):  # rows from a resumed run's lost steps
+                atomic_write_text(path, "".join(f"{line}\n" for line in kept))
         self.writer = SummaryWriter(str(self.out / "tb"), purge_step=first_step)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
 

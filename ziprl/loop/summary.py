@@ -48,8 +48,8 @@ def what_ran(cfg: ZipRLConfig, stage1: bool) -> str:
 
 
 def step_rows(lines: Iterable[str]) -> list[dict[str, float]]:
-    """Each learner step's metrics from the lines of ``metrics.jsonl``, in step order; a step logged twice (a run
-    resumed from an older checkpoint appends) keeps its last row."""
+    """Each learner step's metrics from the lines of ``metrics.jsonl``, in step order; a step logged twice (by a run
+    resumed before :class:`ziprl.tb.MetricsLogger` replaced such rows) keeps its last row."""
     rows: dict[int, dict[str, float]] = {}
     for line in lines:
         if line.strip():

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ziprl.config import ZipRLConfig, load_config
+from ziprl.loop.summary import step_rows
 
 
 def one_thread(fn: Callable) -> Callable:
@@ -75,7 +76,7 @@ def max_gap(cfg: ZipRLConfig) -> float:
 
 
 def metrics_rows(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return step_rows((out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines())
 
 
 # ---------------------------------------------------------------- the bandit: one turn, float32 or bf16
