@@ -321,7 +321,7 @@ def eval_key(w: float, seed: int, step: int) -> str:
 
 def estimates(evals: dict[str, dict], meta: dict) -> dict[tuple, Interval]:
     """Every comparison at the last step, per metric: ``("gain", w, metric, seed | None)`` (after RL - Stage 1,
-    seeds pooled or one seed) and ``("hrr-grpo", metric)`` (w = 0.2 - w = 0, paired by seed and question)."""
+    seeds pooled or one seed) and ``("vs-grpo", w, metric)`` (w - (w = 0), paired by seed and question)."""
     seeds, steps, weights = meta["seeds"], meta["steps"], meta["weights"]
     out: dict[tuple, Interval] = {}
     for metric in EVAL_METRICS:
@@ -331,8 +331,10 @@ def estimates(evals: dict[str, dict], meta: dict) -> dict[tuple, Interval]:
             out["gain", w, metric, None] = bootstrap(after[w], before)
             for i, s in enumerate(seeds):
                 out["gain", w, metric, s] = bootstrap(after[w][i:i + 1], before)
-        if set(WEIGHTS) <= set(weights):
-            out["hrr-grpo", metric] = bootstrap(after[0.2], after[0.0])
+        if 0.0 in weights:
+            for w in weights:
+                if w:
+                    out["vs-grpo", w, metric] = bootstrap(after[w], after[0.0])
     return out
 
 
@@ -341,9 +343,9 @@ def diff_rows(est: dict[tuple, Interval], meta: dict) -> list[dict]:
     size = {"questions": meta["questions_held_out"], "samples": meta["eval_samples"]}
     rows = []
     for key, e in est.items():
-        if key[0] == "hrr-grpo":
-            rows.append(interval_row(f"w=0.2 - w=0 at step {meta['steps']}", key[1], e, seeds=len(meta["seeds"]),
-                                     **size))
+        if key[0] == "vs-grpo":
+            rows.append(interval_row(f"w={key[1]:g} - w=0 at step {meta['steps']}", key[2], e,
+                                     seeds=len(meta["seeds"]), **size))
         elif key[3] is None or key[2] in ("f1", "em"):
             _, w, metric, seed = key
             who = f"seeds {','.join(map(str, meta['seeds']))}" if seed is None else f"seed {seed}"
@@ -359,7 +361,7 @@ def goals(est: dict[tuple, Interval], meta: dict, runs: dict[str, list[dict]]) -
     return goal_rows({m: est["gain", hrr, m, None] for m in ("f1", "em")},
                      [est["gain", hrr, "f1", s][0] for s in meta["seeds"]],
                      est["gain", hrr, "format_error_rate", None],
-                     {m: est["hrr-grpo", m] for m in ("q_com", "f1")} if pair else None,
+                     {m: est["vs-grpo", hrr, m] for m in ("q_com", "f1")} if pair else None,
                      len(updates) == 1 if pair else None)
 
 
@@ -468,6 +470,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="seed 0, w = 0.2 only, evaluated at its last step")
     ap.add_argument("--config", help="default: the task's (configs/learn-invented.yaml, configs/learn-cpu.yaml)")
     ap.add_argument("--seeds", help="default: 0,1,2 (0 with --quick)")
+    ap.add_argument("--weights", help="the arms' HRR weights w, one run per seed each; must hold 0.2, the default "
+                    "recipe the goals judge (default: 0,0.2; 0.2 with --quick)")
     ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps)")
     ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps)")
     ap.add_argument("--eval-limit", type=int, default=100, help="the first N held-out questions")
@@ -485,6 +489,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.config = Path(args.config or TASKS[args.task])
     args.out = Path(args.out or REPO / "runs" / f"learning-{args.task}")
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    args.weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else (
+        QUICK_WEIGHTS if args.quick else WEIGHTS)
+    if 0.2 not in args.weights or len(set(args.weights)) != len(args.weights):
+        ap.error(f"--weights {','.join(f'{w:g}' for w in args.weights)}: give distinct weights including 0.2, "
+                 "the default recipe (e.g. --weights 0,0.2,1)")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
     args.eval_samples = 1 if args.greedy else args.eval_samples
     if args.eval_limit < 1 or args.eval_samples < 1:
@@ -520,7 +529,7 @@ def main() -> None:
     steps = args.steps or load_config(config, []).learner.steps
     every = args.eval_every or max(1, steps // 2)  # --quick keeps these checkpoints too: a full run reuses its run
     evaluated = eval_steps(steps, every, args.quick)
-    weights = QUICK_WEIGHTS if args.quick else WEIGHTS
+    weights = args.weights
     arms = {f"w{w:g}_seed{s}": (w, s) for s in seeds for w in weights}  # seed-major: each seed's pair side by side
     jobs, cache_dir = [], out / "eval"
     for name, (w, seed) in arms.items():

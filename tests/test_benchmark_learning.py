@@ -258,6 +258,30 @@ def test_report_judges_the_goals_and_writes_every_file_under_its_name(learning, 
     assert {r["weights_sha256"] for r in held} == {"ab" * 8}
 
 
+def test_a_third_arm_is_compared_with_grpo_beside_the_default_recipe(learning, tmp_path, monkeypatch):
+    """``--weights 0,0.2,1``: every w > 0 gets its paired difference with w = 0; the goals still judge w = 0.2."""
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    weights = learning.parse_args(["--weights", "0,0.2,1"]).weights
+    assert weights == (0.0, 0.2, 1.0)
+    evals = {"stage1": _eval(learning, [0.0] * 4)} | {
+        learning.eval_key(w, 0, k): _eval(learning, [w] * 4) for w in weights for k in (1, 2)}
+    runs = {f"w{w:g}_seed0": [{}, {}] for w in weights}
+    goals = learning.report(evals, runs, _meta([0], weights), "dose")
+    assert goals[0]["measured"].startswith("F1 +0.200")
+    f1 = {r["comparison"]: r["mean"] for r in json.loads((tmp_path / "dose_diff.json").read_text())["rows"]
+          if r["metric"] == "f1" and " - w=0 " in r["comparison"]}
+    assert f1 == pytest.approx({"w=0.2 - w=0 at step 2": 0.2, "w=1 - w=0 at step 2": 1.0})
+
+
+@pytest.mark.parametrize("weights", ["0,1", "0,0.2,0.2"])
+def test_weights_without_the_default_recipe_or_repeated_are_refused(learning, weights, capsys):
+    with pytest.raises(SystemExit) as exc:
+        learning.parse_args(["--weights", weights])
+    assert exc.value.code == 2
+    assert "including 0.2" in capsys.readouterr().err
+
+
 def test_quick_report_compares_hrr_with_stage_1_only(learning, tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
     monkeypatch.setattr(learning, "RESULTS", tmp_path)

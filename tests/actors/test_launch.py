@@ -41,7 +41,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
         f"run.out_dir={out}", f"run.sft_checkpoint={resolve_model_path(ModelConfig())}",
         "ray.num_rollout_actors=2", "learner.steps=2", "learner.global_batch_questions=1", "learner.beta=0",
         "rollout.batch_questions=1", "rollout.group_size=2", "env.max_turns=3", "sampling.max_new_tokens=40",
-        "ray.max_staleness=2", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
+        "ray.max_staleness=2", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25", "run.keep_checkpoints=1",
     ])
     ray.init(num_cpus=2, include_dashboard=False)
     done, killed = threading.Event(), []
