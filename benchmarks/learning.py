@@ -1,6 +1,7 @@
 """Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issues 21 and 47).
 
-    python benchmarks/learning.py [--task invented|real] [--quick] [--config FILE] [--seeds 0,1,2] [--steps N]
+    python benchmarks/learning.py [--task invented|real] [--quick] [--config FILE] [--seeds 0,1,2] [--weights 0,0.2]
+                                  [--steps N]
                                   [--eval-every K] [--eval-limit 100] [--eval-samples 2 | --greedy]
                                   [--out runs/learning-<task>] [--workers 2] [--name learning_<task>[_quick]]
 
@@ -14,12 +15,13 @@ Stage 1: the scripted teacher plays the config's ``demos.datasets``, the kept ep
 configuration and demonstration data (``ziprl.learner.sft.stage1_dir``); the weights' sha256 is written beside
 the model and checked whenever the cache is reused. RL: ``ziprl.train`` from the Stage-1 model for each seed, with
 w = 0 (plain GRPO) and w = 0.2 (HRR), the same number of steps (equal update counts) on the same question order
-and sampling seeds (paired). ``--quick``: seed 0 and w = 0.2 only, evaluated at its last step (the main effect).
+and sampling seeds (paired); ``--weights`` adds arms (e.g. ``0,0.2,1``: how Q_com follows HRR's share), each
+compared with w = 0. ``--quick``: seed 0 and w = 0.2 only, evaluated at its last step (the main effect).
 
 Evaluation: Stage 1 and every ``--eval-every``-th checkpoint on the first ``--eval-limit`` held-out questions,
 adaptive strategy, ``--eval-samples`` seeded samples per question (``--greedy``: one greedy sample); each records
 the sha256 of the weights it evaluated and is redone when they, the questions or the settings change. Reports
-after - Stage 1 and w = 0.2 - w = 0 with 95% intervals of a bootstrap over seeds, questions and samples
+after - Stage 1 and w - (w = 0) with 95% intervals of a bootstrap over seeds, questions and samples
 (benchmarks/learning_stats.py), held-out F1 against step with intervals (PNG; TensorBoard under each run's
 ``tb/`` and ``<out>/tb/w<w>``), the training curves, and issue 47's goals with whether each is met: JSON +
 markdown under benchmarks/results/, each headed by commit, command, config, machine and date. Finished runs and
