@@ -322,8 +322,8 @@ def eval_key(w: float, seed: int, step: int) -> str:
 
 
 def estimates(evals: dict[str, dict], meta: dict) -> dict[tuple, Interval]:
-    """Every comparison at the last step, per metric: ``("gain", w, metric, seed | None)`` (after RL - Stage 1,
-    seeds pooled or one seed) and ``("vs-grpo", w, metric)`` (w - (w = 0), paired by seed and question)."""
+    """Every comparison, per metric: ``("gain", w, metric, seed | None)`` (the last step - Stage 1, seeds pooled or
+    one seed) and ``("vs-grpo", w, metric, step)`` (w - (w = 0) at each evaluated step, paired by seed and question)."""
     seeds, steps, weights = meta["seeds"], meta["steps"], meta["weights"]
     out: dict[tuple, Interval] = {}
     for metric in EVAL_METRICS:
@@ -333,10 +333,11 @@ def estimates(evals: dict[str, dict], meta: dict) -> dict[tuple, Interval]:
             out["gain", w, metric, None] = bootstrap(after[w], before)
             for i, s in enumerate(seeds):
                 out["gain", w, metric, s] = bootstrap(after[w][i:i + 1], before)
-        if 0.0 in weights:
+        for k in meta["eval_steps"][1:] if 0.0 in weights else ():  # paired with GRPO at every evaluated step
+            grpo = arm(evals, [eval_key(0.0, s, k) for s in seeds], metric)
             for w in weights:
                 if w:
-                    out["vs-grpo", w, metric] = bootstrap(after[w], after[0.0])
+                    out["vs-grpo", w, metric, k] = bootstrap(arm(evals, [eval_key(w, s, k) for s in seeds], metric), grpo)
     return out
 
 
@@ -346,8 +347,8 @@ def diff_rows(est: dict[tuple, Interval], meta: dict) -> list[dict]:
     rows = []
     for key, e in est.items():
         if key[0] == "vs-grpo":
-            rows.append(interval_row(f"w={key[1]:g} - w=0 at step {meta['steps']}", key[2], e,
-                                     seeds=len(meta["seeds"]), **size))
+            rows.append(interval_row(f"w={key[1]:g} - w=0 at step {key[3]}", key[2], e, seeds=len(meta["seeds"]),
+                                     **size))
         elif key[3] is None or key[2] in ("f1", "em"):
             _, w, metric, seed = key
             who = f"seeds {','.join(map(str, meta['seeds']))}" if seed is None else f"seed {seed}"
@@ -363,7 +364,7 @@ def goals(est: dict[tuple, Interval], meta: dict, runs: dict[str, list[dict]]) -
     return goal_rows({m: est["gain", hrr, m, None] for m in ("f1", "em")},
                      [est["gain", hrr, "f1", s][0] for s in meta["seeds"]],
                      est["gain", hrr, "format_error_rate", None],
-                     {m: est["vs-grpo", hrr, m] for m in ("q_com", "f1")} if pair else None,
+                     {m: est["vs-grpo", hrr, m, meta["steps"]] for m in ("q_com", "f1")} if pair else None,
                      len(updates) == 1 if pair else None)
 
 
