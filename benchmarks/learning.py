@@ -492,11 +492,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.config = Path(args.config or TASKS[args.task])
     args.out = Path(args.out or REPO / "runs" / f"learning-{args.task}")
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    args.weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else (
-        QUICK_WEIGHTS if args.quick else WEIGHTS)
+    given, fix = args.weights, "give distinct numbers including 0.2, the default recipe (e.g. --weights 0,0.2,1)"
+    try:
+        args.weights = tuple(float(w) for w in given.split(",")) if given else QUICK_WEIGHTS if args.quick else WEIGHTS
+    except ValueError:
+        ap.error(f"--weights {given}: {fix}")
     if 0.2 not in args.weights or len(set(args.weights)) != len(args.weights):
-        ap.error(f"--weights {','.join(f'{w:g}' for w in args.weights)}: give distinct weights including 0.2, "
-                 "the default recipe (e.g. --weights 0,0.2,1)")
+        ap.error(f"--weights {given}: {fix}")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
     args.eval_samples = 1 if args.greedy else args.eval_samples
     if args.eval_limit < 1 or args.eval_samples < 1:

@@ -275,8 +275,8 @@ def test_a_third_arm_is_compared_with_grpo_beside_the_default_recipe(learning, t
     assert f1 == pytest.approx({f"w={w:g} - w=0 at step {k}": w for w in (0.2, 1.0) for k in (1, 2)})
 
 
-@pytest.mark.parametrize("weights", ["0,1", "0,0.2,0.2"])
-def test_weights_without_the_default_recipe_or_repeated_are_refused(learning, weights, capsys):
+@pytest.mark.parametrize("weights", ["0,1", "0,0.2,0.2", "0,0.2,x"])
+def test_weights_without_the_default_recipe_repeated_or_not_numbers_are_refused(learning, weights, capsys):
     with pytest.raises(SystemExit) as exc:
         learning.parse_args(["--weights", weights])
     assert exc.value.code == 2
