@@ -1,7 +1,7 @@
 """Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issues 21 and 47).
 
     python benchmarks/learning.py [--task invented|real] [--quick] [--config FILE] [--seeds 0,1,2] [--weights 0,0.2]
-                                  [--steps N]
+                                  [--steps N] [--demos N]
                                   [--eval-every K] [--eval-limit 100] [--eval-samples 2 | --greedy]
                                   [--out runs/learning-<task>] [--workers 2] [--name learning_<task>[_quick]]
 
@@ -16,7 +16,9 @@ configuration and demonstration data (``ziprl.learner.sft.stage1_dir``); the wei
 the model and checked whenever the cache is reused. RL: ``ziprl.train`` from the Stage-1 model for each seed, with
 w = 0 (plain GRPO) and w = 0.2 (HRR), the same number of steps (equal update counts) on the same question order
 and sampling seeds (paired); ``--weights`` adds arms (e.g. ``0,0.2,1``: how Q_com follows HRR's share), each
-compared with w = 0. ``--quick``: seed 0 and w = 0.2 only, evaluated at its last step (the main effect).
+compared with w = 0. ``--quick`` (the main effect, sized for 40 minutes on 2 cores): Stage 1 from 100 demonstration
+episodes, seed 0 and w = 0.2 only, 5 steps, one greedy sample per held-out question, evaluated at its last step;
+each default can still be given (``--demos``, ``--steps``, ``--eval-samples``), and its runs go to their own ``--out``.
 
 Evaluation: Stage 1 and every ``--eval-every``-th checkpoint on the first ``--eval-limit`` held-out questions,
 adaptive strategy, ``--eval-samples`` seeded samples per question (``--greedy``: one greedy sample); each records
@@ -64,6 +66,7 @@ HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluat
 TASKS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
 RECIPE = 0.2  # HRR's w in the default recipe, the arm issue 47's goals judge
 WEIGHTS, QUICK_WEIGHTS = (0.0, RECIPE), (RECIPE,)  # w = 0 (GRPO) beside it
+QUICK_DEMOS, QUICK_STEPS = 100, 5  # --quick: Stage 1 from this many demonstration episodes, RL steps
 EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
 TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
                  "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
@@ -476,19 +479,23 @@ def log_curves_tb(evals: dict[str, dict], meta: dict, out: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(TASKS), default="invented", help="the questions (see above)")
-    ap.add_argument("--quick", action="store_true", help="seed 0, w = 0.2 only, evaluated at its last step")
+    ap.add_argument("--quick", action="store_true", help="Stage 1 from 100 demonstrations, seed 0, w = 0.2 only, 5 "
+                    "steps, one greedy sample per held-out question, evaluated at its last step")
     ap.add_argument("--config", help="default: the task's (configs/learn-invented.yaml, configs/learn-cpu.yaml)")
     ap.add_argument("--seeds", help="default: 0,1,2 (0 with --quick)")
     ap.add_argument("--weights", help="the arms' HRR weights w, one run per seed each; must hold 0.2, the default "
                     "recipe the goals judge (default: 0,0.2; 0.2 with --quick)")
-    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps)")
+    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps; 5 with --quick)")
+    ap.add_argument("--demos", type=int, help="demonstration episodes Stage 1 learns from, 0 for all (default: the "
+                    "config's demos.limit; 100 with --quick)")
     ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps)")
     ap.add_argument("--eval-limit", type=int, default=100, help="the first N held-out questions")
     samples = ap.add_mutually_exclusive_group()
-    samples.add_argument("--eval-samples", type=int, default=2, help="seeded samples per held-out question")
+    samples.add_argument("--eval-samples", type=int, help="seeded samples per held-out question (default: 2; with "
+                         "--quick one greedy sample)")
     samples.add_argument("--greedy", action="store_true", help="one greedy sample per held-out question instead")
     ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
-    ap.add_argument("--out", help="runs and evaluations (default: runs/learning-<task>)")
+    ap.add_argument("--out", help="runs and evaluations (default: runs/learning-<task>[-quick])")
     ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
     ap.add_argument("--name", type=results_name, help="results file prefix under benchmarks/results/ (default: learning_<task>, "
@@ -496,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)  # one evaluation, in a worker process (EvalSpec.command)
     args = ap.parse_args(argv)
     args.config = Path(args.config or TASKS[args.task])
-    args.out = Path(args.out or REPO / "runs" / f"learning-{args.task}")
+    args.out = Path(args.out or REPO / "runs" / (f"learning-{args.task}" + ("-quick" if args.quick else "")))
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     given, fix = args.weights, "give distinct numbers including 0.2, the default recipe (e.g. --weights 0,0.2,1)"
     try:
@@ -506,7 +513,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if RECIPE not in args.weights or len(set(args.weights)) != len(args.weights):
         ap.error(f"--weights {given}: {fix}")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
-    args.eval_samples = 1 if args.greedy else args.eval_samples
+    args.greedy = args.greedy or (args.quick and args.eval_samples is None)
+    args.eval_samples = 1 if args.greedy else args.eval_samples or 2
+    if args.quick:
+        args.steps = args.steps or QUICK_STEPS
+        args.demos = QUICK_DEMOS if args.demos is None else args.demos
+    if args.demos is not None and args.demos < 0:
+        ap.error(f"--demos {args.demos}: give a number of demonstration episodes, or 0 for all")
     if args.eval_limit < 1 or args.eval_samples < 1:
         ap.error("--eval-limit and --eval-samples must be >= 1")
     return args
@@ -530,7 +543,8 @@ def main() -> None:
     except OutputError as exc:
         raise SystemExit(f"error: {exc}") from None
     t0, config, seeds = time.perf_counter(), args.config, args.seeds
-    model = Path(args.stage1_model) if args.stage1_model else stage1(config, [])
+    demos = [] if args.demos is None else [f"demos.limit={args.demos}"]
+    model = Path(args.stage1_model) if args.stage1_model else stage1(config, demos)
     log(f"Stage-1 model: {model}")
     if args.stage1_only:
         return
@@ -568,7 +582,7 @@ def main() -> None:
             "updates": {n: len(r) for n, r in runs.items()}, "zero_variance_groups_trained": {
                 n: sum(m.get("rollout/zero_variance_groups_trained", 0) for m in r) for n, r in runs.items()},
             "workers": args.workers,
-            "settings": load_config(config, []).to_dict(), "seconds": time.perf_counter() - t0}
+            "settings": load_config(config, demos).to_dict(), "seconds": time.perf_counter() - t0}
     meta["stage1_weights_sha256"] = evals["stage1"]["settings"]["weights_sha256"]
     for extra, key in (("demos_counts.json", "demos"), ("sft_seconds.json", "stage1_sft")):
         if (model.parent / extra).is_file():

@@ -153,10 +153,22 @@ def test_defaults_evaluate_100_questions_twice_each_over_three_seeds(learning):
                                                                                        [0, 1, 2])
     assert args.config == learning.TASKS["invented"]
     assert args.name == "learning_invented"
-    quick = learning.parse_args(["--quick", "--task", "real", "--greedy"])
-    assert (quick.seeds, quick.eval_samples, quick.name) == ([0], 1, "learning_real_quick")
+    assert (args.steps, args.demos, args.out.name) == (None, None, "learning-invented")  # the config's
+    quick = learning.parse_args(["--quick", "--task", "real"])
+    assert (quick.seeds, quick.weights, quick.eval_samples, quick.greedy, quick.name) == (
+        [0], (0.2,), 1, True, "learning_real_quick")
+    assert (quick.steps, quick.demos) == (learning.QUICK_STEPS, learning.QUICK_DEMOS) == (5, 100)
     assert quick.config.name == "learn-cpu.yaml"
-    assert quick.out.name == "learning-real"
+    assert quick.out.name == "learning-real-quick"  # not the full run's: its Stage 1 differs
+    given = learning.parse_args(["--quick", "--eval-samples", "2", "--steps", "10", "--demos", "0"])
+    assert (given.eval_samples, given.greedy, given.steps, given.demos) == (2, False, 10, 0)
+
+
+def test_a_negative_demonstration_count_is_refused(learning, capsys):
+    with pytest.raises(SystemExit) as exc:
+        learning.parse_args(["--demos", "-1"])
+    assert exc.value.code == 2
+    assert "--demos -1: give a number of demonstration episodes, or 0 for all" in capsys.readouterr().err
 
 
 def test_greedy_and_samples_exclude_each_other(learning):
@@ -406,7 +418,9 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
     monkeypatch.setattr(learning, "RESULTS", tmp_path / "results")
     (tmp_path / "results").mkdir()
     out = tmp_path / "out"
-    monkeypatch.setattr(learning, "stage1", lambda config, overrides: _model(tmp_path / "stage1" / "model", b"s1"))
+    built = []
+    monkeypatch.setattr(learning, "stage1", lambda config, overrides: built.append(overrides) or _model(
+        tmp_path / "stage1" / "model", b"s1"))
     monkeypatch.setattr(learning, "checkpoint_model", lambda run, k, base: _model(
         out / "models" / f"{run.name}_step{k}", f"{run.name}{k}".encode()))
 
@@ -451,6 +465,9 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
     assert met[:3] == [True, True, True]
     assert met[3:] == ([None] if quick else [False, True, True])  # HRR = GRPO: Q_com not higher
     assert goals["meta"]["seeds"] == ([0] if quick else [0, 1])
+    assert built == ([["demos.limit=100"]] if quick else [[]])
+    assert goals["meta"]["settings"]["demos"]["limit"] == (100 if quick else 0)
+    assert (goals["meta"]["eval_samples"], goals["meta"]["greedy"]) == ((1, True) if quick else (2, False))
     assert goals["config"]["path"] == "configs/learn-cpu.yaml"
     curve = json.loads((tmp_path / "results" / f"{name}_curve.json").read_text())["rows"]
     assert [(r["step"], r["mean"]) for r in curve if r["metric"] == "f1" and r["w"] == "w=0.2"] == (
