@@ -32,8 +32,9 @@ evaluations under ``--out`` are read, not redone; a run that stopped short (inte
 
 Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, each
 run's checkpoints evaluated as soon as it finishes): on 2 cores two one-thread processes get more done than one two-thread process, since
-batch-8 decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). Each
-process's output goes to ``<out>/logs/``.
+batch-8 decoding does not scale to a second thread (measured: 50 vs 85 tokens/s for 1 vs 2 threads). A job that
+starts when no other can run beside it (the last evaluation) gets ``--workers`` threads. Each process's output goes
+to ``<out>/logs/``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_
                  "step_seconds": "perf/step_seconds"}
 
 
-CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir"}  # may differ when a run goes on
+CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir",  # may differ when a run goes on
+               "model.num_threads"}
 
 
 def log(msg: str) -> None:
@@ -150,10 +152,11 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
 # ------------------------------------------------------------------ processes
 
 
-def rl_command(config: Path, overrides: list[str], run_dir: Path) -> list[str] | None:
-    """The ``ziprl.train`` command of one RL run, or None when it finished earlier under the same directory. A run
-    that stopped short (interrupted, or run with fewer ``--steps``) continues from its last checkpoint; one that
-    left no checkpoint starts over."""
+def rl_command(config: Path, overrides: list[str], run_dir: Path, threads: int = 1) -> list[str] | None:
+    """The ``ziprl.train`` command of one RL run on ``threads`` torch threads, or None when it finished earlier under
+    the same directory. A run that stopped short (interrupted, or run with fewer ``--steps``) continues from its last
+    checkpoint; one that left no checkpoint starts over."""
+    overrides = [*overrides, f"model.num_threads={threads}"]
     cfg = load_config(config, overrides)
     changed = settings_changed(run_dir, cfg.to_dict())
     if changed:
@@ -184,20 +187,21 @@ def settings_changed(run_dir: Path, config: dict) -> list[str]:
 
 @dataclass(frozen=True)
 class Job:
-    """One process of the benchmark: ``command()`` is built when the job starts (None: nothing left to do), once
-    every job named in ``after`` has finished."""
+    """One process of the benchmark: ``command(threads)`` is built when the job starts, for the torch threads it gets
+    (None: nothing left to do), once every job named in ``after`` has finished."""
 
     name: str
-    command: Callable[[], list[str] | None]
+    command: Callable[[int], list[str] | None]
     after: tuple[str, ...] = ()
 
 
 def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
-    """Run the jobs, ``workers`` at a time, each with one torch thread, each as soon as those it comes after are done
-    (in list order among the ready ones); raise if any fails (jobs after a failed one do not run)."""
+    """Run the jobs, ``workers`` at a time, each as soon as those it comes after are done (in list order among the
+    ready ones); raise if any fails (jobs after a failed one do not run). A job gets one torch thread, or ``workers``
+    when it starts alone with no other ready: then none can start beside it before it ends."""
     import subprocess
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     logs.mkdir(parents=True, exist_ok=True)
     pending, running, done, failed = list(jobs), [], set(), []
     while pending or running:
@@ -205,16 +209,17 @@ def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
             pending.remove(job)
             failed.append(job.name)
         while len(running) < workers and (ready := [j for j in pending if set(j.after) <= done]):
-            job = ready[0]
+            job, threads = ready[0], workers if not running and len(ready) == 1 else 1
             pending.remove(job)
-            cmd = job.command()
+            cmd = job.command(threads)
             if cmd is None:
                 done.add(job.name)
                 continue
-            log(f"start {job.name} (log: {logs / job.name}.log)")
+            log(f"start {job.name} on {threads} thread(s) (log: {logs / job.name}.log)")
             with open(logs / f"{job.name}.log", "w") as out:
-                running.append((job.name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                           cwd=REPO)))
+                running.append((job.name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env
+                                                           | {"OMP_NUM_THREADS": str(threads),
+                                                              "MKL_NUM_THREADS": str(threads)})))
         if not running:
             if pending:  # nothing runs and nothing can start: they wait on jobs not in the list
                 raise SystemExit(f"jobs wait on jobs that are not given: {', '.join(j.name for j in pending)}")
@@ -269,15 +274,15 @@ class EvalSpec:
         return {"weights_sha256": weights_sha256(model), "held_out_sha256": file_sha256(self.held_out),
                 "config_sha256": file_sha256(self.config), "samples": self.samples, "greedy": self.greedy}
 
-    def command(self, model: Path, cache: Path) -> list[str]:
-        """The worker process that evaluates ``model`` into ``cache`` (:func:`evaluate`)."""
-        job = json.dumps(asdict(self) | {"model": model, "cache": cache}, default=str)
+    def command(self, model: Path, cache: Path, threads: int = 1) -> list[str]:
+        """The worker process that evaluates ``model`` into ``cache`` on ``threads`` torch threads (:func:`evaluate`)."""
+        job = json.dumps(asdict(self) | {"model": model, "cache": cache, "threads": threads}, default=str)
         return [sys.executable, str(Path(__file__).resolve()), "--eval-one", job]
 
 
-def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
+def evaluate(spec: EvalSpec, model: Path, cache: Path, threads: int = 1) -> dict:
     """Held-out evaluation of one model (adaptive strategy, ``spec.samples`` seeded samples per question, or one
-    greedy one), written to ``cache``: overall stats and one record per sample."""
+    greedy one) on ``threads`` torch threads, written to ``cache``: overall stats and one record per sample."""
     from ziprl.env.stats import trajectory_stats
     from ziprl.evaluation.harness import load_eval_setup, run_strategy
     from ziprl.paths import atomic_write_json
@@ -285,7 +290,7 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
     cfg = load_config(spec.config, [f"model.path={model}", f"data.dataset={spec.held_out}",
                                     f"retriever.corpus={spec.corpus}", f"rollout.group_size={spec.samples}",
                                     "rollout.dynamic_sampling=false", f"sampling.greedy={str(spec.greedy).lower()}", "data.seed=0",
-                                    "model.num_threads=1"])
+                                    f"model.num_threads={threads}"])
     log(f"evaluating {model} on {spec.held_out.name} ({spec.samples} sample(s) per question)")
     stats, trajs = run_strategy(cfg, "adaptive", load_eval_setup(cfg), progress=True)
     result = {"model": portable(model), "settings": spec.settings(model), "stats": stats,
@@ -296,11 +301,12 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path) -> dict:
     return result
 
 
-def eval_command(spec: EvalSpec, model: Path, cache: Path) -> list[str] | None:
-    """The evaluation of ``model`` into ``cache``, or None when ``cache`` holds one for the same settings."""
+def eval_command(spec: EvalSpec, model: Path, cache: Path, threads: int = 1) -> list[str] | None:
+    """The evaluation of ``model`` into ``cache`` on ``threads`` torch threads, or None when ``cache`` holds one for
+    the same settings."""
     if cache.is_file() and json.loads(cache.read_text()).get("settings") == spec.settings(model):
         return None
-    return spec.command(model, cache)
+    return spec.command(model, cache, threads)
 
 
 # ------------------------------------------------------------------ statistics
@@ -488,7 +494,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps; 5 with --quick)")
     ap.add_argument("--demos", type=int, help="demonstration episodes Stage 1 learns from, 0 for all (default: the "
                     "config's demos.limit; 100 with --quick)")
-    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps)")
+    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps; "
+                    "with --quick, the last)")
     ap.add_argument("--eval-limit", type=int, default=100, help="the first N held-out questions")
     samples = ap.add_mutually_exclusive_group()
     samples.add_argument("--eval-samples", type=int, help="seeded samples per held-out question (default: 2; with "
@@ -536,7 +543,7 @@ def main() -> None:
     if args.eval_one:
         job = json.loads(args.eval_one)
         spec = EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"], job["greedy"])
-        evaluate(spec, Path(job["model"]), Path(job["cache"]))
+        evaluate(spec, Path(job["model"]), Path(job["cache"]), job["threads"])
         return
     try:  # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
         out = work_dir(args.out, "bench")
@@ -552,7 +559,7 @@ def main() -> None:
     spec = EvalSpec(config, held_path, corpus, args.eval_samples, args.greedy)
     demo_questions = check_demos_disjoint(model, held_path)
     steps = args.steps or load_config(config, []).learner.steps
-    every = args.eval_every or max(1, steps // 2)  # --quick keeps these checkpoints too: a full run reuses its run
+    every = args.eval_every or (steps if args.quick else max(1, steps // 2))
     evaluated = eval_steps(steps, every, args.quick)
     weights = args.weights
     arms = {f"w{w:g}_seed{s}": (w, s) for s in seeds for w in weights}  # seed-major: each seed's pair side by side
@@ -561,16 +568,16 @@ def main() -> None:
         overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
                      f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
                      f"run.sft_checkpoint={model}", f"run.checkpoint_every={every}",
-                     "run.keep_checkpoints=0", "model.num_threads=1"]
+                     "run.keep_checkpoints=0"]
         jobs.append(Job(name, functools.partial(rl_command, config, overrides, out / name)))
-    jobs.append(Job("eval_stage1", lambda: eval_command(spec, model, cache_dir / "stage1.json")))
+    jobs.append(Job("eval_stage1", lambda threads: eval_command(spec, model, cache_dir / "stage1.json", threads)))
     keys = ["stage1"]
     for name, (w, s) in arms.items():  # a run's checkpoints are evaluated as soon as it finishes
         for k in evaluated[1:]:
             key = eval_key(w, s, k)
             keys.append(key)
-            jobs.append(Job(f"eval_{key}", lambda name=name, k=k, key=key: eval_command(
-                spec, checkpoint_model(out / name, k, model), cache_dir / f"{key}.json"), after=(name,)))
+            jobs.append(Job(f"eval_{key}", lambda threads, name=name, k=k, key=key: eval_command(
+                spec, checkpoint_model(out / name, k, model), cache_dir / f"{key}.json", threads), after=(name,)))
     run_parallel(jobs, args.workers, out / "logs")
     runs = {name: read_metrics(out / name) for name in arms}
     for name, metrics in runs.items():

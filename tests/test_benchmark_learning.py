@@ -338,8 +338,9 @@ def test_an_evaluation_is_redone_when_the_weights_it_scored_change(learning, tmp
     greedy = learning.EvalSpec(spec.config, held, spec.corpus, 1, True)
     assert learning.eval_command(greedy, model, cache) is not None
     (model / "model.safetensors").write_bytes(b"weights two")
-    cmd = learning.eval_command(spec, model, cache)
-    assert json.loads(cmd[cmd.index("--eval-one") + 1])["model"] == str(model)
+    cmd = learning.eval_command(spec, model, cache, threads=2)
+    assert json.loads(cmd[cmd.index("--eval-one") + 1]) | {"model": str(model), "threads": 2} == json.loads(
+        cmd[cmd.index("--eval-one") + 1])
 
 
 def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path):
@@ -353,23 +354,27 @@ def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path
 
 def test_jobs_start_once_those_they_come_after_finish_and_not_after_a_failure(learning, tmp_path):
     """Two workers, real processes: a run's evaluation starts when the run finishes, while a job that waits on nothing
-    (the Stage-1 evaluation) runs beside it; a job after a failed one never starts, and the failure is raised."""
+    (the Stage-1 evaluation) runs beside it; a job after a failed one never starts, and the failure is raised. Each
+    job gets one torch thread, both workers' when it starts alone with nothing else ready."""
     order = tmp_path / "order.txt"
 
     def step(name: str, seconds: float, code: int = 0):
-        script = f"import time; time.sleep({seconds}); open({str(order)!r}, 'a').write({name!r} + chr(10)); raise SystemExit({code})"
-        return lambda: [sys.executable, "-c", script]
+        def command(threads: int) -> list[str]:
+            script = (f"import os, time; time.sleep({seconds}); open({str(order)!r}, 'a').write({name!r} + ':{threads}:'"
+                      f" + os.environ['OMP_NUM_THREADS'] + chr(10)); raise SystemExit({code})")
+            return [sys.executable, "-c", script]
+        return command
 
     jobs = [learning.Job("eval_run", step("eval_run", 0.1), after=("run",)), learning.Job("run", step("run", 1.0)),
-            learning.Job("stage1", step("stage1", 6.0)), learning.Job("skipped", lambda: None)]
+            learning.Job("stage1", step("stage1", 6.0)), learning.Job("skipped", lambda threads: None)]
     learning.run_parallel(jobs, 2, tmp_path / "logs")
-    assert order.read_text().split() == ["run", "eval_run", "stage1"]  # eval_run did not wait for stage1
+    assert order.read_text().split() == ["run:1:1", "eval_run:1:1", "stage1:1:1"]  # eval_run did not wait for stage1
     order.unlink()
     with pytest.raises(SystemExit, match="failed: broken, after_broken"):
         learning.run_parallel([learning.Job("broken", step("broken", 0.0, 1)),
                                learning.Job("after_broken", step("after_broken", 0.0), after=("broken",))],
                               2, tmp_path / "logs")
-    assert order.read_text().split() == ["broken"]
+    assert order.read_text().split() == ["broken:2:2"]  # alone, and after_broken cannot start beside it
 
 
 def test_a_run_that_stopped_short_continues_from_its_checkpoint(learning, tmp_path):
@@ -402,6 +407,8 @@ def test_a_run_trained_with_other_settings_is_neither_continued_nor_reused(learn
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     assert learning.rl_command(config, ["learner.steps=2", "learner.lr=1e-5"], run) is None
     assert learning.settings_changed(run, load_config(config, ["learner.steps=5", "learner.lr=1e-5"]).to_dict()) == []
+    go_on = learning.rl_command(config, ["learner.steps=5", "learner.lr=1e-5"], run, threads=2)  # more threads: fine
+    assert "model.num_threads=2" in go_on
     with pytest.raises(SystemExit, match=r"trained with other settings \(learner.lr, learner.seed\); pass another --out"):
         learning.rl_command(config, ["learner.steps=5", "learner.lr=2e-5", "learner.seed=3"], run)
 
@@ -438,7 +445,7 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
 
     def parallel(jobs, workers, logs):
         for job in jobs:  # in list order, which puts each run before the evaluations that come after it
-            name, cmd = job.name, job.command()
+            name, cmd = job.name, job.command(1)
             if cmd is None:
                 continue
             if name.startswith("eval_"):
