@@ -11,6 +11,7 @@ import psutil
 import pytest
 import ray
 
+from ziprl.actors.ray_utils import start_local_ray
 from ziprl.config import ModelConfig, load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
@@ -43,7 +44,7 @@ def test_launch_two_actors_two_steps_survives_actor_kill(tmp_path):
         "rollout.batch_questions=1", "rollout.group_size=2", "env.max_turns=3", "sampling.max_new_tokens=40",
         "ray.max_staleness=2", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25", "run.keep_checkpoints=1",
     ])
-    ray.init(num_cpus=2, include_dashboard=False)
+    start_local_ray(num_cpus=2, include_dashboard=False)
     done, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_rollout_actor_mid_batch, args=(done, killed), daemon=True)
     killer.start()
@@ -87,7 +88,7 @@ def test_launch_batch_larger_than_actors_on_policy(tmp_path, tiny_model_dir):
         "ray.max_staleness=0", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25", "learner.micro_batch_turns=8",
         "weights.transport=collective",
     ])
-    ray.init(num_cpus=2, include_dashboard=False)
+    start_local_ray(num_cpus=2, include_dashboard=False)
     launch(cfg, progress=False)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]
@@ -149,7 +150,7 @@ def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_th
         "learner.global_batch_questions=1", "rollout.group_size=2", "env.max_turns=2", "sampling.max_new_tokens=16",
         "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
     ])
-    ray.init(num_cpus=2, include_dashboard=False)
+    start_local_ray(num_cpus=2, include_dashboard=False)
     launch_module.launch(cfg, progress=False)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1]
@@ -200,7 +201,7 @@ def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path,
         f"run.out_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
         "model.device=cpu", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
     ])
-    ray.init(num_cpus=2, include_dashboard=False)
+    start_local_ray(num_cpus=2, include_dashboard=False)
     with pytest.raises(ValueError, match="no demo episode kept"):
         launch_module.launch(cfg, progress=False)
     assert sorted(done) == ["deploy", "ranks"]

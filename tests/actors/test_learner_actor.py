@@ -12,6 +12,7 @@ import ray
 from tests.conftest import requires_cpu_bf16
 from ziprl.actors.driver import RefsFinished, check_resources
 from ziprl.actors.learner_actor import LearnerGroup
+from ziprl.actors.ray_utils import start_local_ray, stop_ray
 from ziprl.config import ConfigError, load_config
 from ziprl.env.group import to_arrow
 from ziprl.learner.trainer import Trainer, warmup_factor
@@ -24,9 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster, requires_deepspeed]
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    start_local_ray(num_cpus=2, include_dashboard=False)
     yield
-    ray.shutdown()
+    stop_ray()
 
 
 def test_two_ranks_on_ray_take_the_one_rank_step(cluster, tiny_model_dir, tmp_path):

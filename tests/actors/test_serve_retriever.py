@@ -18,6 +18,7 @@ serve = pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
 
 from tests.conftest import REPO, SHARED  # noqa: E402
+from ziprl.actors.ray_utils import start_local_ray, stop_ray  # noqa: E402
 from ziprl.actors.serve_retriever import (  # noqa: E402
     MAX_K,
     RetrieverDeployment,
@@ -90,13 +91,13 @@ TOKEN = "test-token"
 def client(index_dir, port):
     mp = pytest.MonkeyPatch()
     mp.setenv("ZIPRL_HTTP_TOKEN", TOKEN)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray_cfg = RayConfig(retriever_replicas=1, retriever_cpus=0.5, retriever_max_batch=16, http_port=port)
     handle = deploy_retriever(RetrieverConfig(index_dir=str(index_dir)), ray_cfg, name="test_retriever",
                               batch_wait_timeout_s=0.05)
     yield ServeRetrieverClient(handle)
     serve.shutdown()
-    ray.shutdown()
+    stop_ray()
     mp.undo()
 
 

@@ -15,6 +15,7 @@ serve = pytest.importorskip("ray.serve")
 
 from ray.serve.exceptions import BackPressureError  # noqa: E402
 
+from ziprl.actors.ray_utils import start_local_ray, stop_ray  # noqa: E402
 from ziprl.actors.serve_retriever import RetrieverUnavailable, ServeRetrieverClient, deploy_retriever  # noqa: E402
 from ziprl.config import RayConfig, RetrieverConfig  # noqa: E402
 from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
@@ -40,10 +41,10 @@ def indexes(tmp_path_factory, passages) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     serve.shutdown()
-    ray.shutdown()
+    stop_ray()
 
 
 def _queries(passages, n):

@@ -43,7 +43,7 @@ def test_binding_beyond_loopback_requires_a_token(monkeypatch):
 def test_a_local_cluster_refuses_clients_without_its_token():
     import ray
 
-    from ziprl.actors.ray_utils import init_ray, token_auth_enabled
+    from ziprl.actors.ray_utils import init_ray, stop_ray, token_auth_enabled
     from ziprl.config import RayConfig
 
     assert os.environ.get("RAY_AUTH_MODE") in (None, "token"), "the test environment opted out of Ray auth"
@@ -59,4 +59,4 @@ def test_a_local_cluster_refuses_clients_without_its_token():
         assert proc.returncode != 0
         assert "1\n" not in proc.stdout
     finally:
-        ray.shutdown()
+        stop_ray()

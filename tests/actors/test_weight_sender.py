@@ -10,6 +10,7 @@ import ray
 import torch
 
 from ziprl.actors.learner_actor import LearnerGroup
+from ziprl.actors.ray_utils import start_local_ray, stop_ray
 from ziprl.actors.rollout_actor import RolloutActor
 from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ConfigError
@@ -52,7 +53,7 @@ def _assert_same(learner, actors, version: int) -> None:
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir):
     """One learner rank and two bf16 rollout actors, shared by the tests (each builds its own RaySender)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     table = to_arrow(make_groups(tiny_model_dir, groups=1, group_size=2, max_turns=1, logprob_noise=0.3))
     cfg = _cfg("object_store", 1.0)
     learner = LearnerGroup(cfg, ranks=1, cpus=0.5, gpus=0)
@@ -69,7 +70,7 @@ def stack(tiny_model_dir):
 
     yield learner, actors, step
     learner.shutdown()
-    ray.shutdown()
+    stop_ray()
 
 
 @pytest.mark.parametrize(("transport", "bucket_mb"), [("object_store", 0.05), ("collective", 64.0)])

@@ -26,11 +26,13 @@ def load_example():
 def example():
     from ray import tune
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    from ziprl.actors.ray_utils import start_local_ray, stop_ray
+
+    start_local_ray(num_cpus=2, include_dashboard=False)
     example = load_example()
     tune.register_env(example.ENV_NAME, example.make_tokenized_env)
     yield example
-    ray.shutdown()
+    stop_ray()
 
 
 @pytest.mark.parametrize(("model", "num_env_runners"), [("bag", 1), ("mlp", 0)])

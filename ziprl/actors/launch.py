@@ -19,7 +19,7 @@ from ray import serve
 
 from ziprl.actors.driver import RayLearner, RaySource, check_resources, start_rollout_actors
 from ziprl.actors.learner_actor import LearnerGroup
-from ziprl.actors.ray_utils import cpu_threads, init_ray
+from ziprl.actors.ray_utils import cpu_threads, init_ray, stop_ray
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
@@ -152,4 +152,4 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
             source.close()
         if cfg.ray.address is not None:  # a joined cluster keeps running: take the retriever app off it
             serve.shutdown()
-        ray.shutdown()  # a local cluster stops whole, Serve with it
+        stop_ray(local=cfg.address is None)  # a local cluster stops whole, Serve with it

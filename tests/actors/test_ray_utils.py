@@ -1,0 +1,88 @@
+"""A local Ray cluster: started a second time when its raylet did not come up; stopped once its processes exited."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+from ziprl.actors import ray_utils  # noqa: E402
+from ziprl.actors.ray_utils import stop_ray  # noqa: E402
+
+NODE_PROCESSES = ("raylet", "gcs_server")  # a new cluster met the last one's raylet still going down (a CI flake)
+
+
+def _node_processes() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.name() in NODE_PROCESSES]
+
+
+def _running(procs: list[psutil.Process]) -> list[str]:
+    alive = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.name())
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.ray_cluster
+def test_a_stopped_local_cluster_has_exited_and_the_next_starts_right_away():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    started = _node_processes()
+    assert sorted(p.name() for p in started) == sorted(NODE_PROCESSES)
+    stop_ray()
+    assert _running(started) == []
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
+    finally:
+        stop_ray()
+
+
+def test_a_joined_cluster_or_an_older_ray_is_shut_down_without_waiting(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ray_utils.ray, "shutdown", lambda *, wait_for_processes=False: calls.append(wait_for_processes))
+    stop_ray(local=False)
+    stop_ray()
+    assert calls == [False, True]
+
+    def older():  # Ray before 2.60 has no wait_for_processes
+        calls.append("plain")
+
+    monkeypatch.setattr(ray_utils.ray, "shutdown", older)
+    stop_ray()
+    assert calls == [False, True, "plain"]
+
+
+def _fake_init(monkeypatch, errors: list[Exception]) -> list:
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if errors:
+            raise errors.pop(0)
+
+    monkeypatch.setattr(ray_utils.ray, "init", init)
+    monkeypatch.setattr(ray_utils.ray, "shutdown", lambda **kwargs: calls.append("shutdown"))
+    return calls
+
+
+def test_a_raylet_that_did_not_come_up_gets_one_more_start(monkeypatch):
+    calls = _fake_init(monkeypatch, [Exception("The current node timed out during startup. This could happen ...")])
+    ray_utils.start_local_ray(num_cpus=2)
+    assert calls == [{"num_cpus": 2}, "shutdown", {"num_cpus": 2}]
+
+
+def test_other_errors_and_a_second_timeout_are_raised(monkeypatch):
+    calls = _fake_init(monkeypatch, [ValueError("num_cpus must be >= 0")])
+    with pytest.raises(ValueError, match="num_cpus"):
+        ray_utils.start_local_ray(num_cpus=-1)
+    assert calls == [{"num_cpus": -1}]
+    timeout = "The current node timed out during startup."
+    calls = _fake_init(monkeypatch, [Exception(timeout), Exception(timeout)])
+    with pytest.raises(Exception, match="timed out during startup"):
+        ray_utils.start_local_ray()
+    assert calls == [{}, "shutdown", {}]
