@@ -27,6 +27,7 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_one_step_example.py": "examples/one_step.py",
     "test_benchmark_common.py": "benchmarks/_common.py",
     "test_benchmark_gpu_step.py": "benchmarks/gpu_step.py",
+    "test_benchmark_hrr_credit.py": "benchmarks/hrr_credit.py",
     "test_benchmark_gpu_async.py": "benchmarks/gpu_async.py",
     "test_benchmark_launch_time.py": "benchmarks/launch_time.py",
     "test_benchmark_learner_packing.py": "benchmarks/learner_packing.py",

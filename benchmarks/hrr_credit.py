@@ -1,0 +1,115 @@
+"""What HRR's per-turn term rewards in trained runs: how much of its spread each property of a turn explains.
+
+    python benchmarks/hrr_credit.py --runs DIR [--name hrr_credit]
+
+HRR adds ``w (Q_ij - Q̄_i)`` to every scored turn (paper Eq. advantage_adjust). Over every scored turn of every
+trajectory the runs under ``--runs`` trained on (a ``benchmarks/learning.py --out`` directory: ``<run>/trajectories``),
+this reports, per arm (seeds pooled), the share of the variance of ``Q_ij - Q̄_i`` that each property explains (the
+between-group share, η²): whether the turn itself was malformed, what it compressed (the previous action's result),
+the level it chose, and the last two together. A property the policy does not choose (what it compressed) is credit
+for the state, not the decision; the turn's own format error is also what the outcome reward teaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import results_name, write_results  # noqa: E402
+
+RUN = re.compile(r"w(-?[0-9.]+)_seed(\d+)")  # a learning.py run directory
+
+
+@dataclass(frozen=True)
+class ScoredTurn:
+    """One turn HRR scored: its centred score ``Q_ij - Q̄_i`` and the properties it may be explained by."""
+
+    centred: float
+    malformed: bool
+    compressed: str  # what the pending observation came from: the previous turn's action, or "invalid"
+    level: int | None
+
+
+PROPERTIES: dict[str, Callable[[ScoredTurn], Hashable]] = {
+    "own format error": lambda t: t.malformed,
+    "what it compressed": lambda t: t.compressed,
+    "level chosen": lambda t: t.level,
+    "what it compressed + level chosen": lambda t: (t.compressed, t.level),
+}
+
+
+def scored_turns(turns: Sequence) -> list[ScoredTurn]:
+    """One trajectory's scored turns (``q_com`` not None), centred on their mean as HRR centres them."""
+    scored = [(j, t) for j, t in enumerate(turns) if t.q_com is not None]
+    if not scored:
+        return []
+    q_bar = sum(t.q_com for _, t in scored) / len(scored)  # Eq. (Q_bar)
+    return [ScoredTurn(t.q_com - q_bar, t.format_error is not None,
+                       "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level)
+            for j, t in scored if j > 0]
+
+
+def explained_share(values: np.ndarray, keys: Sequence[Hashable]) -> float:
+    """η²: the share of ``values``' variance that the means of its groups (equal ``keys``) account for."""
+    total = float(((values - values.mean()) ** 2).sum())
+    if total == 0:
+        return 0.0
+    groups: dict[Hashable, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    within = sum(float(((values[ix] - values[ix].mean()) ** 2).sum()) for ix in map(np.array, groups.values()))
+    return 1.0 - within / total
+
+
+def arm_row(w: float, seeds: list[int], turns: list[ScoredTurn]) -> dict:
+    """One arm's row: turns, mean |Q_ij - Q̄_i|, the malformed turns' mean, and each property's share."""
+    centred = np.array([t.centred for t in turns])
+    bad = [t.centred for t in turns if t.malformed]
+    return {"w": w, "seeds": ",".join(map(str, seeds)), "scored turns": len(turns),
+            "mean |Q - Q_bar|": float(np.abs(centred).mean()),
+            "malformed turns": len(bad), "their mean Q - Q_bar": float(np.mean(bad)) if bad else 0.0,
+            **{f"share: {name}": explained_share(centred, [key(t) for t in turns]) for name, key in PROPERTIES.items()}}
+
+
+def read_runs(runs: Path) -> dict[float, dict[int, list[ScoredTurn]]]:
+    """Every run under ``runs`` (``w<w>_seed<s>``): its trained trajectories' scored turns, by w and seed."""
+    from ziprl.env.trajectory import load_trajectories
+
+    found: dict[float, dict[int, list[ScoredTurn]]] = {}
+    for run in sorted(p for p in runs.iterdir() if p.is_dir() and RUN.fullmatch(p.name)):
+        w, seed = RUN.fullmatch(run.name).groups()
+        turns = [s for f in sorted((run / "trajectories").glob("step_*.parquet"))
+                 for tr in load_trajectories(f) for s in scored_turns(tr.turns)]
+        if turns:
+            found.setdefault(float(w), {})[int(seed)] = turns
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", required=True, help="a benchmarks/learning.py --out directory")
+    ap.add_argument("--name", type=results_name, default="hrr_credit", help="results file prefix")
+    args = ap.parse_args(argv)
+    runs = Path(args.runs)
+    found = read_runs(runs) if runs.is_dir() else {}
+    if not found:
+        ap.exit(2, f"error: --runs {runs}: no w<w>_seed<s>/trajectories/step_*.parquet there; give the --out "
+                   "directory of a benchmarks/learning.py run\n")
+    rows = [arm_row(w, sorted(by_seed), [t for s in sorted(by_seed) for t in by_seed[s]])
+            for w, by_seed in sorted(found.items())]
+    write_results(args.name, rows, {"runs": sorted(f"w{w:g}_seed{s}" for w, b in found.items() for s in b)})
+    for r in rows:
+        print(f"w={r['w']:g}: " + ", ".join(f"{k.removeprefix('share: ')} {v:.2f}" for k, v in r.items()
+                                              if k.startswith("share: ")))
+
+
+if __name__ == "__main__":
+    main()
