@@ -152,4 +152,4 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
             source.close()
         if cfg.ray.address is not None:  # a joined cluster keeps running: take the retriever app off it
             serve.shutdown()
-        stop_ray(local=cfg.address is None)  # a local cluster stops whole, Serve with it
+        stop_ray(local=cfg.ray.address is None)  # a local cluster stops whole, Serve with it
