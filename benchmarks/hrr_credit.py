@@ -70,11 +70,11 @@ def explained_share(values: np.ndarray, keys: Sequence[Hashable]) -> float:
 
 
 def arm_row(w: float, seeds: list[int], turns: list[ScoredTurn]) -> dict:
-    """One arm's row: turns, mean |Q_ij - Q̄_i|, the malformed turns' mean, and each property's share."""
+    """One arm's row: turns, mean absolute Q_ij - Q̄_i, the malformed turns' mean, and each property's share."""
     centred = np.array([t.centred for t in turns])
     bad = [t.centred for t in turns if t.malformed]
     return {"w": w, "seeds": ",".join(map(str, seeds)), "scored turns": len(turns),
-            "mean |Q - Q_bar|": float(np.abs(centred).mean()),
+            "mean abs(Q - Q_bar)": float(np.abs(centred).mean()),
             "malformed turns": len(bad), "their mean Q - Q_bar": float(np.mean(bad)) if bad else 0.0,
             **{f"share: {name}": explained_share(centred, [key(t) for t in turns]) for name, key in PROPERTIES.items()}}
 
