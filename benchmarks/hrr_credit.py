@@ -47,14 +47,13 @@ PROPERTIES: dict[str, Callable[[ScoredTurn], Hashable]] = {
 
 
 def scored_turns(turns: Sequence) -> list[ScoredTurn]:
-    """One trajectory's scored turns (``q_com`` not None), centred on their mean as HRR centres them."""
-    scored = [(j, t) for j, t in enumerate(turns) if t.q_com is not None]
-    if not scored:
-        return []
-    q_bar = sum(t.q_com for _, t in scored) / len(scored)  # Eq. (Q_bar)
-    return [ScoredTurn(t.q_com - q_bar, t.format_error is not None,
+    """One trajectory's scored turns (``q_com`` not None), centred as HRR centres them (its term with A_i = 0, w = 1)."""
+    from ziprl.learner.advantages import hrr_turn_advantages
+
+    centred = hrr_turn_advantages(0.0, [t.q_com for t in turns], 1.0)
+    return [ScoredTurn(c, t.format_error is not None,
                        "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level)
-            for j, t in scored if j > 0]
+            for j, (t, c) in enumerate(zip(turns, centred, strict=True)) if j > 0 and t.q_com is not None]
 
 
 def explained_share(values: np.ndarray, keys: Sequence[Hashable]) -> float:
@@ -84,8 +83,8 @@ def read_runs(runs: Path) -> dict[float, dict[int, list[ScoredTurn]]]:
     from ziprl.env.trajectory import load_trajectories
 
     found: dict[float, dict[int, list[ScoredTurn]]] = {}
-    for run in sorted(p for p in runs.iterdir() if p.is_dir() and RUN.fullmatch(p.name)):
-        w, seed = RUN.fullmatch(run.name).groups()
+    for run, match in sorted((p, m) for p in runs.iterdir() if p.is_dir() and (m := RUN.fullmatch(p.name))):
+        w, seed = match.groups()
         turns = [s for f in sorted((run / "trajectories").glob("step_*.parquet"))
                  for tr in load_trajectories(f) for s in scored_turns(tr.turns)]
         if turns:

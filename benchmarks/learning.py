@@ -512,13 +512,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.config = Path(args.config or TASKS[args.task])
     args.out = Path(args.out or REPO / "runs" / (f"learning-{args.task}" + ("-quick" if args.quick else "")))
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    given, fix = args.weights, "give distinct numbers including 0.2, the default recipe (e.g. --weights 0,0.2,1)"
+    given = args.weights
     try:
         args.weights = tuple(float(w) for w in given.split(",")) if given else QUICK_WEIGHTS if args.quick else WEIGHTS
-    except ValueError:
-        ap.error(f"--weights {given}: {fix}")
+    except ValueError:  # not numbers: refused below with the same message
+        args.weights = ()
     if RECIPE not in args.weights or len(set(args.weights)) != len(args.weights):
-        ap.error(f"--weights {given}: {fix}")
+        ap.error(f"--weights {given}: give distinct numbers including 0.2, the default recipe (e.g. --weights 0,0.2,1)")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
     args.greedy = args.greedy or (args.quick and args.eval_samples is None)
     args.eval_samples = 1 if args.greedy else args.eval_samples or 2
