@@ -218,7 +218,7 @@ def test_a_group_varies_in_the_chosen_metric_only(metric):
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
-    (["rollout.dynamic_sampling_metric=q_com"], "rollout.dynamic_sampling_metric must be reward, em or f1, got 'q_com'"),
+    (["rollout.dynamic_sampling_metric=q_com"], "rollout.dynamic_sampling_metric must be reward, em, f1 or advantage, got 'q_com'"),
     (["rollout.max_sample_rounds=-1"], "rollout.max_sample_rounds must be >= 0 (0 = no limit), got -1"),
     (["rollout.dynamic_sampling=true", "rollout.group_size=1"], "rollout.dynamic_sampling=true keeps only groups"),
 ])

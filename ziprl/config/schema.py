@@ -183,9 +183,12 @@ class RolloutConfig:
                                         "in hand, so every step trains on signal and runs compared at equal steps "
                                         "take equal updates. Dropped groups go to trajectories/dropped/; with "
                                         "learner.hrr_weight > 0 their per-turn HRR term, the only signal they "
-                                        "carry, is dropped with them.")
+                                        "carry, is dropped with them unless dynamic_sampling_metric=advantage.")
     dynamic_sampling_metric: str = opt("reward", "what a group must vary in to be kept by dynamic_sampling: "
-                                                 "reward | em | f1.")
+                                                 "reward | em | f1 | advantage (some turn's advantage is non-zero: "
+                                                 "its rewards differ or, with learner.hrr_weight != 0, some "
+                                                 "trajectory's turns differ in Q_com, so the group's HRR term "
+                                                 "trains too; with w = 0 the same as reward).")
     max_sample_rounds: int = opt(10, "with dynamic_sampling, a step samples at most this many x "
                                      "learner.global_batch_questions groups (verl: max_num_gen_batches), then "
                                      "fills up with zero-variance groups and warns; 0 = no limit.")
@@ -404,8 +407,9 @@ class ZipRLConfig:
              f"ray://host:10001, got {shown(self.ray.address)}"),
             (re.fullmatch(r"\S+", self.ray.http_host) is not None,
              f"ray.http_host must be an address such as 127.0.0.1, got {shown(self.ray.http_host)}"),
-            (self.rollout.dynamic_sampling_metric in ("reward", "em", "f1"),
-             f"rollout.dynamic_sampling_metric must be reward, em or f1, got {self.rollout.dynamic_sampling_metric!r}"),
+            (self.rollout.dynamic_sampling_metric in ("reward", "em", "f1", "advantage"),
+             f"rollout.dynamic_sampling_metric must be reward, em, f1 or advantage, got "
+             f"{self.rollout.dynamic_sampling_metric!r}"),
             (self.rollout.overlap in OVERLAPS,
              f"rollout.overlap must be off, thread or auto, got {shown(self.rollout.overlap)}"),
             (self.rollout.overlap != "thread" or self.ray.max_staleness >= 1,

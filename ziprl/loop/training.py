@@ -32,6 +32,7 @@ from tqdm import tqdm
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.group import Group, save_groups
 from ziprl.env.stats import trajectory_stats
+from ziprl.learner.advantages import carries_signal
 from ziprl.loop.scheduler import RolloutScheduler
 from ziprl.loop.source import RolloutSource, peak_rss_mb
 from ziprl.loop.stream import QuestionStream
@@ -101,8 +102,11 @@ def step_metrics(groups: list[Group], learn: dict[str, float], system: dict[str,
             "system/driver_rss_peak_mb": peak_rss_mb()}
 
 
-def has_variance(group: Group, metric: str) -> bool:
-    """Whether ``metric`` (reward, em or f1) differs across the group's trajectories: a group GRPO learns from."""
+def has_variance(group: Group, metric: str, w: float = 0.0) -> bool:
+    """Whether ``metric`` (reward, em or f1) differs across the group's trajectories: a group GRPO learns from;
+    ``advantage``: whether some turn's advantage under HRR weight ``w`` is non-zero (:func:`carries_signal`)."""
+    if metric == "advantage":
+        return carries_signal(group, w)
     values = [getattr(t, metric) for t in group]
     return max(values) > min(values)
 
@@ -118,7 +122,8 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     if version:  # resumed: the workers start from the checkpoint's weights
         push.push(version)
     ro = cfg.rollout
-    keep = functools.partial(has_variance, metric=ro.dynamic_sampling_metric) if ro.dynamic_sampling else None
+    keep = (functools.partial(has_variance, metric=ro.dynamic_sampling_metric, w=cfg.learner.hrr_weight)
+            if ro.dynamic_sampling else None)
     sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
                              seed=cfg.learner.seed, version=version, steps=cfg.learner.steps, keep=keep,
                              max_rounds=ro.max_sample_rounds)

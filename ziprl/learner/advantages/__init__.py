@@ -41,6 +41,19 @@ def hrr_turn_advantages(a_traj: float, q_turns: Sequence[float | None], w: float
     return [float(a_traj) if q is None else float(a_traj + w * (q - q_bar)) for q in q_turns]
 
 
+def carries_signal(group: Group, w: float) -> bool:
+    """Whether :func:`compute_advantages` gives some turn of the group a non-zero advantage with HRR weight ``w``:
+    its rewards differ, or (w != 0) some trajectory's scored turns differ in Q_com."""
+    rewards = [t.reward for t in group]
+    if max(rewards) > min(rewards):
+        return True
+    for t in group:
+        scored = [u.q_com for u in t.turns if u.q_com is not None]
+        if w != 0 and len(scored) > 1 and max(scored) > min(scored):
+            return True
+    return False
+
+
 @dataclass
 class AdvantageResult:
     """The kept groups' trajectories (group after group, in input order) with their A_i and per-turn A_ij, plus
