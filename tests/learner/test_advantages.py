@@ -4,11 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ziprl.config import LearnerConfig
 from ziprl.env.group import Group
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.learner.advantages import compute_advantages, hrr_turn_advantages
+from ziprl.learner.advantages import carries_signal, compute_advantages, hrr_turn_advantages
 from ziprl.learner.advantages.grpo import grpo_advantages
 
 
@@ -129,3 +131,24 @@ def test_w_zero_equals_plain_grpo():
     for t, a, turns in zip(res.trajectories, res.traj_advantages, res.turn_advantages, strict=True):
         assert turns == [a] * len(t.turns)
     assert res.stats["hrr_abs_mean"] == 0.0
+
+
+def test_a_group_carries_signal_when_its_rewards_or_with_hrr_its_turns_differ():
+    same_reward = group("g", (1.0, [0.2, 0.8]), (1.0, [0.5, None]))
+    assert not carries_signal(same_reward, w=0.0)  # GRPO: nothing to learn
+    assert carries_signal(same_reward, w=0.2)  # HRR: the first trajectory's turns differ in Q_com
+    flat = group("g", (0.0, [0.4, 0.4, None]), (0.0, [0.9]), (0.0, []))  # no trajectory's scored turns differ
+    assert not carries_signal(flat, w=0.2)
+    assert carries_signal(group("g", (1.0, [0.4]), (0.0, [0.4])), w=0.0)
+
+
+MEMBERS = st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]),
+                             st.lists(st.one_of(st.none(), st.sampled_from([0.1, 0.3, 0.7])), min_size=1, max_size=4)),
+                   min_size=1, max_size=4)
+
+
+@given(MEMBERS, st.sampled_from([0.0, 0.2, -0.2, 1.0]))
+def test_carries_signal_is_whether_some_turn_gets_a_non_zero_advantage(members, w):
+    g = group("g", *members)
+    turns = compute_advantages([g], LearnerConfig(hrr_weight=w)).turn_advantages
+    assert carries_signal(g, w) == any(abs(a) > 1e-9 for t in turns for a in t)

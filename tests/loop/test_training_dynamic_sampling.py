@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ziprl.config import ConfigError, load_config
 from ziprl.env.group import Group
-from ziprl.env.trajectory import Trajectory, load_trajectories
+from ziprl.env.trajectory import Trajectory, Turn, load_trajectories
 from ziprl.loop.in_process import nothing_runs
 from ziprl.loop.scheduler import RolloutScheduler
 from ziprl.loop.stream import QuestionStream
@@ -215,6 +215,37 @@ def test_a_group_varies_in_the_chosen_metric_only(metric):
     setattr(same[1], metric, 1.0)
     assert has_variance(Group(tuple(same)), metric)
     assert not has_variance(Group(tuple(same[1:2])), metric)  # one trajectory never varies
+
+
+def test_the_advantage_metric_keeps_a_group_whose_hrr_term_varies_only_when_w_is_not_zero():
+    same = [Trajectory(question_id="q", question="?", answers=["a"], group_id="g", reward=1.0,
+                       turns=[Turn(q_com=0.3), Turn(q_com=q)]) for q in (0.3, 0.9)]
+    assert not has_variance(Group(tuple(same)), "reward")
+    assert not has_variance(Group(tuple(same)), "advantage", w=0.0)  # w = 0: the same as reward
+    assert has_variance(Group(tuple(same)), "advantage", w=0.2)
+    same[0].reward = 0.0
+    assert has_variance(Group(tuple(same)), "advantage", w=0.0)
+
+
+class ScoredSource(RewardedSource):
+    """:class:`RewardedSource` whose trajectories have two turns scored Q_com 0.2 and 0.6."""
+
+    def wait(self):
+        done = super().wait()
+        for t in (t for c in done for g in c.groups or [] for t in g):
+            t.turns = [Turn(q_com=q, q_ratio=q, q_level=q, q_info=q, q_sem=q, level=1) for q in (0.2, 0.6)]
+        return done
+
+
+@pytest.mark.parametrize(("w", "all_kept"), [(0.0, False), (0.2, True)])
+def test_the_loop_keeps_groups_by_their_advantages_under_the_runs_hrr_weight(tmp_path, w, all_kept):
+    cfg = _cfg(tmp_path, "rollout.dynamic_sampling=true", "rollout.dynamic_sampling_metric=advantage",
+               f"learner.hrr_weight={w}")
+    learner, _ = _train(cfg, ScoredSource())
+    trained = [g for groups in learner.steps for g in groups]
+    assert len(trained) == 8
+    assert all(varied(g.question_id) for g in trained) != all_kept  # w = 0: only groups whose rewards differ
+    assert (tmp_path / "trajectories" / "dropped").is_dir() != all_kept
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
