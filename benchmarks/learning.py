@@ -182,7 +182,15 @@ def settings_changed(run_dir: Path, config: dict) -> list[str]:
         return []
     ran, config = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(config))  # tuples as lists
     return [f"{section}.{key}" for section, fields in config.items() for key, value in fields.items()
-            if f"{section}.{key}" not in CONTINUABLE and ran.get(section, {}).get(key) != value]
+            if f"{section}.{key}" not in CONTINUABLE
+            and not trains_alike(f"{section}.{key}", ran.get(section, {}).get(key), value, config)]
+
+
+def trains_alike(setting: str, ran: object, value: object, config: dict) -> bool:
+    """Whether a run started with ``setting`` = ``ran`` trains as one with ``value`` under ``config``: the values are
+    equal, or they are dynamic sampling by reward and by advantage at w = 0, which keep the same groups."""
+    return ran == value or (setting == "rollout.dynamic_sampling_metric" and {ran, value} == {"reward", "advantage"}
+                            and config["learner"]["hrr_weight"] == 0)
 
 
 @dataclass(frozen=True)

@@ -413,6 +413,18 @@ def test_a_run_trained_with_other_settings_is_neither_continued_nor_reused(learn
         learning.rl_command(config, ["learner.steps=5", "learner.lr=2e-5", "learner.seed=3"], run)
 
 
+@pytest.mark.parametrize(("w", "alike"), [(0.0, True), (0.2, False)])
+def test_dynamic_sampling_by_reward_or_by_advantage_train_alike_only_without_hrr(learning, tmp_path, w, alike):
+    from ziprl.config import load_config
+    from ziprl.rundir import write_config
+
+    config, run, common = Path("configs/learn-invented.yaml"), tmp_path / "run", [f"learner.hrr_weight={w}"]
+    write_config(run, load_config(config, [*common, "rollout.dynamic_sampling_metric=reward"]).to_dict())
+    changed = learning.settings_changed(run, load_config(config, [*common, "rollout.dynamic_sampling_metric=advantage"])
+                                        .to_dict())
+    assert changed == ([] if alike else ["rollout.dynamic_sampling_metric"])
+
+
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,
