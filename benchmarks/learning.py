@@ -188,9 +188,20 @@ def settings_changed(run_dir: Path, config: dict) -> list[str]:
 
 def trains_alike(setting: str, ran: object, value: object, config: dict) -> bool:
     """Whether a run started with ``setting`` = ``ran`` trains as one with ``value`` under ``config``: the values are
-    equal, or they are dynamic sampling by reward and by advantage at w = 0, which keep the same groups."""
-    return ran == value or (setting == "rollout.dynamic_sampling_metric" and {ran, value} == {"reward", "advantage"}
-                            and config["learner"]["hrr_weight"] == 0)
+    equal, or they name two files with the same bytes (another ``--out``'s question file), or they are dynamic
+    sampling by reward and by advantage at w = 0, which keep the same groups."""
+    if ran == value or (isinstance(ran, str) and isinstance(value, str) and same_file(Path(ran), Path(value))):
+        return True
+    return (setting == "rollout.dynamic_sampling_metric" and {ran, value} == {"reward", "advantage"}
+            and config["learner"]["hrr_weight"] == 0)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are both files with the same bytes."""
+    try:
+        return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and file_sha256(a) == file_sha256(b)
+    except OSError:  # a value that is no path this system can stat (too long, say)
+        return False
 
 
 @dataclass(frozen=True)

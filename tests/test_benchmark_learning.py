@@ -425,6 +425,22 @@ def test_dynamic_sampling_by_reward_or_by_advantage_train_alike_only_without_hrr
     assert changed == ([] if alike else ["rollout.dynamic_sampling_metric"])
 
 
+def test_a_question_file_of_another_out_with_the_same_bytes_is_the_same_setting(learning, tmp_path):
+    from ziprl.config import load_config
+    from ziprl.rundir import write_config
+
+    config, run = Path("configs/learn-invented.yaml"), tmp_path / "run"
+    a, b, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    a.write_text('{"id": "q1"}\n')
+    b.write_text('{"id": "q1"}\n')
+    other.write_text('{"id": "q2"}\n')
+    write_config(run, load_config(config, [f"data.dataset={a}"]).to_dict())
+    assert learning.settings_changed(run, load_config(config, [f"data.dataset={b}"]).to_dict()) == []
+    assert learning.settings_changed(run, load_config(config, [f"data.dataset={other}"]).to_dict()) == ["data.dataset"]
+    a.unlink()  # the run's file is gone: nothing says it held the same questions
+    assert learning.settings_changed(run, load_config(config, [f"data.dataset={b}"]).to_dict()) == ["data.dataset"]
+
+
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,
