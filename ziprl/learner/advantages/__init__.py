@@ -47,11 +47,10 @@ def carries_signal(group: Group, w: float) -> bool:
     rewards = [t.reward for t in group]
     if max(rewards) > min(rewards):
         return True
-    for t in group:
-        scored = [u.q_com for u in t.turns if u.q_com is not None]
-        if w != 0 and len(scored) > 1 and max(scored) > min(scored):
-            return True
-    return False
+    if w == 0:
+        return False
+    scored = ([u.q_com for u in t.turns if u.q_com is not None] for t in group)
+    return any(len(qs) > 1 and max(qs) > min(qs) for qs in scored)
 
 
 @dataclass
