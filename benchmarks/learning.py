@@ -28,7 +28,8 @@ after - Stage 1 and w - (w = 0) with 95% intervals of a bootstrap over seeds, qu
 ``tb/`` and ``<out>/tb/w<w>``), the training curves, and issue 47's goals with whether each is met: JSON +
 markdown under benchmarks/results/, each headed by commit, command, config, machine and date. Finished runs and
 evaluations under ``--out`` are read, not redone; a run that stopped short (interrupted, or run with fewer
-``--steps``) continues from its last checkpoint; a run trained with other settings is refused, naming them.
+``--steps``) continues from its last checkpoint; a run trained with other settings is refused, naming them
+(settings that train alike, :func:`trains_alike`, are not other settings).
 
 Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, each
 run's checkpoints evaluated as soon as it finishes): on 2 cores two one-thread processes get more done than one two-thread process, since
