@@ -12,9 +12,10 @@ With ``rollout.dynamic_sampling`` (DAPO's dynamic sampling, verl's ``filter_grou
 groups whose ``rollout.dynamic_sampling_metric`` varies across their G trajectories (``advantage``: groups in which
 some turn's advantage is non-zero) and draws more questions until the batch is full, so the step trains on
 exactly ``learner.global_batch_questions`` groups with signal (up to ``rollout.max_sample_rounds`` batches' worth
-sampled; then it fills up with zero-variance groups and warns). The groups it dropped are written to ``<out>/trajectories/dropped/step_<n>.parquet``, and ``rollout/groups_sampled``,
-``groups_kept``, ``zero_variance_frac_sampled`` (before the filter), ``sample_rounds`` and
-``zero_variance_groups_trained`` are logged.
+sampled; then it fills up with zero-variance groups and warns). The groups it dropped are written to
+``<out>/trajectories/dropped/step_<n>.parquet``, and ``rollout/groups_sampled``, ``groups_kept``,
+``zero_variance_frac_sampled`` (before the filter), ``sample_rounds`` and ``zero_variance_groups_trained`` are
+logged.
 """
 
 from __future__ import annotations
