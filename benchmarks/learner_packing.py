@@ -1,4 +1,5 @@
-"""The learner's micro-batches packed or padded (``learner.pack_rows``), timed in one run on recorded training steps.
+"""The learner's micro-batches padded, packed, or packed as a prefix tree (``learner.pack_rows``), timed in one run on
+recorded training steps.
 
     python benchmarks/learner_packing.py --trajectories RUN/trajectories/step_000001.parquet [more.parquet ...]
                                          [--config configs/learn-invented.yaml] [--model DIR] [--groups N]
@@ -7,11 +8,12 @@
 Each ``--trajectories`` file is one step's groups as ``ziprl.train`` recorded them (token ids, behaviour log-probs,
 rewards, Q_com); ``--groups N`` keeps each file's first N groups (a CPU's float32 step over all of them takes
 minutes). One :class:`~ziprl.learner.trainer.Trainer` (``--config``'s learner settings, from ``--model``:
-default the embedded model) trains on them ``--reps`` times in each layout, the two alternating so that load drift
-falls on both: ``padded`` (every row of a micro-batch padded to its longest) and ``packed`` (the default on a CPU:
-micro-batches packed where :func:`~ziprl.learner.packing.packing_pays`). The first step of each layout warms up.
-Per step file and layout the table gives the rows, micro-batches (packed ones), the tokens the linear layers
-compute (padding included), the median learner step and its range, and the padded / packed speedup.
+default the embedded model) trains on them ``--reps`` times in each layout, the layouts rotating so that load drift
+falls on all: ``padded`` (every row of a micro-batch padded to its longest), ``packed`` (micro-batches packed where
+:func:`~ziprl.learner.packing.packing_pays`, each row's own tokens after the micro-batch's prefix) and ``tree`` (the
+default on a CPU: packed, the prompt tokens a row shares with an earlier row run once). The first step of each layout
+warms up. Per step file and layout the table gives the rows, micro-batches (packed ones), the tokens the linear
+layers compute (padding included), the median learner step and its range, and the padded / layout speedup.
 """
 
 from __future__ import annotations
@@ -34,13 +36,19 @@ from ziprl.config import load_config  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+LAYOUTS = {"padded": (False, False), "packed": (True, False), "tree": (True, True)}  # (pack, share rows)
+
+
 def linear_tokens(batches) -> int:
     """Tokens a step's forward runs through the linear layers: per micro-batch its prefix once (a step prefix is
-    counted per micro-batch, an upper bound), then every row's own tokens, padded to the longest unless packed."""
+    counted per micro-batch, an upper bound), then its rows' other tokens: padded to the longest, or packed
+    (:func:`~ziprl.learner.batch.computed_tokens`)."""
+    from ziprl.learner.batch import computed_tokens
+
     total = 0
     for mb, _ in batches:
         own = [n - mb.prefix_len for n in mb.response_ends]
-        total += mb.prefix_len + (sum(own) if mb.packed else len(own) * max(own))
+        total += computed_tokens(mb) if mb.packed else mb.prefix_len + len(own) * max(own)
     return total
 
 
@@ -60,10 +68,12 @@ def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
         return out
 
     trainer.micro_batches = recorded
-    pair, seconds, layout = trainer.pair_cost, defaultdict(list), {}
+    pair, share, seconds, layout = trainer.pair_cost, trainer.share_rows, defaultdict(list), {}
+    names = list(LAYOUTS)
     for rep in range(reps + 1):
-        for name in ("padded", "packed") if rep % 2 else ("packed", "padded"):
-            trainer.pair_cost = pair if name == "packed" else 0
+        for name in names[rep % 3:] + names[: rep % 3]:
+            pack, trainer.share_rows = LAYOUTS[name]
+            trainer.pair_cost = pair if pack else 0
             start = time.perf_counter()
             trainer.train_step(groups)
             if rep:
@@ -72,15 +82,16 @@ def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
             layout[name] = (len(batches), sum(mb.packed for mb, _ in batches), linear_tokens(batches),
                             sum(len(mb.response_ends) for mb, real in batches if real))
             print(f"{path.name} rep {rep} {name}: {time.perf_counter() - start:.2f} s", flush=True)
-    trainer.pair_cost, trainer.micro_batches = pair, plan
+    trainer.pair_cost, trainer.share_rows, trainer.micro_batches = pair, share, plan
     out = []
-    for name in ("padded", "packed"):
+    for name in LAYOUTS:
         passes, packed, tokens, rows = layout[name]
         out.append({"step": portable(path), "layout": name, "groups": len(groups), "rows": rows, "micro_batches": passes,
                     "packed_micro_batches": packed, "linear_tokens": tokens,
                     "learner_s": statistics.median(seconds[name]), "learner_s_min": min(seconds[name]),
                     "learner_s_max": max(seconds[name])})
-    out[1]["speedup"] = out[0]["learner_s"] / out[1]["learner_s"]
+    for row in out[1:]:
+        row["speedup"] = out[0]["learner_s"] / row["learner_s"]
     return out
 
 
@@ -107,8 +118,9 @@ def main() -> None:
     from ziprl.learner.trainer import Trainer
 
     trainer = Trainer(cfg, args.model)
-    if not trainer.pair_cost:
-        ap.error("this learner cannot pack (it needs the sdpa attention on a CPU)")
+    if not trainer.pair_cost or not trainer.share_rows:
+        ap.error("this learner cannot pack as a prefix tree (it needs the sdpa attention on a CPU and "
+                 "learner.share_prefix on)")
     rows = [row for path in args.trajectories for row in measure(path, trainer, args.groups, args.reps)]
     write_results(args.name, rows, meta=vars(args) | {"config": portable(args.config), "model": portable(args.model),
                                                       "trajectories": [portable(p) for p in args.trajectories],

@@ -15,12 +15,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import learner_packing  # noqa: E402
 
 
-def test_the_linear_layers_tokens_count_padding_unless_packed():
+def test_the_linear_layers_tokens_count_padding_unless_packed_and_shared_prompt_tokens_once_in_a_tree():
     rows = [TurnRow([1, 2, 3, 4, 5, 6], 4, [0.0] * 2, 1.0, 1.0, 0), TurnRow([1, 2, 3, 7], 3, [0.0], 1.0, 1.0, 1)]
-    mb = collate(rows, 0, 2)  # 2 prefix tokens, then 4 and 2 own tokens
+    mb = collate(rows, 0, 2)  # 2 prefix tokens, then 4 and 2 own tokens; the second row's prompt token 3 is the first's
     assert learner_packing.linear_tokens([(mb, True)]) == 2 + 2 * 4
     assert learner_packing.linear_tokens([(dataclasses.replace(mb, packed=True), True)]) == 2 + 4 + 2
+    assert learner_packing.linear_tokens([(dataclasses.replace(mb, packed=True, share_rows=True), True)]) == 2 + 4 + 1
     assert learner_packing.linear_tokens([(mb, True), (mb, True)]) == 2 * (2 + 2 * 4)
+    assert set(learner_packing.LAYOUTS) == {"padded", "packed", "tree"}
 
 
 @pytest.mark.parametrize(("args", "says"), [

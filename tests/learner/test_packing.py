@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ziprl.learner.batch import TurnRow, collate, response_logprobs, shared_prompt_len
-from ziprl.learner.packing import pack_rows, packing_pays, pair_cost
+from ziprl.learner.packing import pack_rows, packed_length, packing_pays, pair_cost, share_plan
 
 PAD = 0
 SMOLLM2_135M = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
@@ -47,7 +47,41 @@ def test_the_packed_layout():
                     [1, 1, 0, 0, 0, 1, 0, 0],
                     [1, 1, 0, 0, 0, 0, 1, 0],
                     [1, 1, 0, 0, 0, 0, 1, 1]]
-    assert rows.offsets.tolist() == [0, 3, 4]
+    assert rows.index.tolist() == [[0, 1, 2], [3, 0, 0], [4, 5, 0]]
+
+
+def test_rows_share_the_prompt_tokens_an_earlier_row_holds():
+    """A prefix tree: rows 1 and 2 repeat row 0's prompt (GRPO's samples of one prompt), row 3 shares two of its
+    columns; each token sees the prefix and its ancestors, each response is its own, and nothing is shared past a
+    row's prompt (row 2's response repeats row 0's)."""
+    ids = torch.tensor([[7, 1, 2, 3, 4, PAD], [7, 1, 2, 3, 5, 6], [7, 1, 2, 3, 4, PAD], [7, 1, 2, 9, 8, PAD]])
+    lengths, starts = [5, 6, 5, 5], [4, 4, 4, 4]  # prompts [7, 1, 2, 3] x 3 and [7, 1, 2, 9]
+    assert share_plan(ids, lengths, 1, starts) == [(-1, 0), (0, 3), (0, 3), (0, 2)]
+    assert share_plan(ids, lengths, 1, None) == [(-1, 0)] * 4
+    rows = pack_rows(ids, lengths, 1, starts)
+    assert rows.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 4, 9, 8]]
+    assert rows.position_ids.tolist() == [[1, 2, 3, 4, 4, 5, 4, 3, 4]]
+    assert rows.index.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 4, 5], [0, 1, 2, 6, 0], [0, 1, 7, 8, 0]]
+    assert rows.attention_mask[0, 0].int().tolist() == [
+        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0],  # row 0's response
+        [1, 1, 1, 1, 0, 1, 0, 0, 0, 0],  # row 1's response, after the shared prompt
+        [1, 1, 1, 1, 0, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 1, 0, 0],  # row 2's response
+        [1, 1, 1, 0, 0, 0, 0, 0, 1, 0],  # row 3's own prompt token, after the two it shares
+        [1, 1, 1, 0, 0, 0, 0, 0, 1, 1]]
+    assert packed_length(ids, lengths, 1, starts) == 9
+    assert packed_length(ids, lengths, 1, None) == 4 + 5 + 4 + 4
+
+
+def test_packing_pays_counts_the_tokens_a_prefix_tree_saves():
+    """vs_trl's shape: 8 rows of 2 prompts x G = 4 (24 template tokens shared, ~18 own prompt tokens, ~24 response
+    tokens): packed without the tree 340 tokens, with it 229."""
+    lengths, prefix = [66] * 8, 24
+    assert packing_pays(lengths, prefix, pair_cost(SMOLLM2_135M)) is False  # no padding: no gain from packing alone
+    assert packing_pays(lengths, prefix, pair_cost(SMOLLM2_135M), packed=2 * 18 + 8 * 24) is True
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +98,26 @@ def direct_logprobs(model, row):
     return [float(lp[t - 1, row.input_ids[t]]) for t in range(row.response_start, len(row.input_ids))]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 6)), min_size=1, max_size=5),
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 6), st.integers(-1, 4), st.integers(0, 12)),
+                       min_size=1, max_size=6),
        system=st.integers(0, 6), share=st.booleans(), seed=st.integers(0, 2**16))
 def test_packed_rows_get_their_unpadded_logprobs(model, shapes, system, share, seed):
-    """Rows of any lengths, packed after the prefix they share (or from column 0): every response token's log-prob is
-    an unpadded single-row forward's, and nothing outside the responses is scored."""
+    """Rows of any lengths, packed after the prefix they share (or from column 0), some repeating the leading prompt
+    tokens (or the whole prompt) of an earlier row: every response token's log-prob is an unpadded single-row
+    forward's, and nothing outside the responses is scored."""
     g = torch.Generator().manual_seed(seed)
     head = torch.randint(1, 64, (system,), generator=g).tolist()
-    rows = []
-    for p, r in shapes:
-        prompt = head + torch.randint(1, 64, (p,), generator=g).tolist()
+    rows, prompts = [], []
+    for p, r, source, keep in shapes:  # source: an earlier row whose first `keep` prompt tokens this one starts with
+        start = prompts[source % len(prompts)][len(head):][:keep] if source >= 0 and prompts else []
+        prompt = head + start + torch.randint(1, 64, (p,), generator=g).tolist()[: p - (len(start) > 0) * p // 2]
+        if start and keep == 12:  # the same prompt again (another sample of it)
+            prompt = prompts[source % len(prompts)]
+        prompts.append(prompt)
         rows.append(TurnRow(prompt + torch.randint(1, 64, (r,), generator=g).tolist(), len(prompt), [0.0] * r, 1.0,
                             1.0, 0))
-    mb = dataclasses.replace(collate(rows, PAD, shared_prompt_len(rows) if share else 0), packed=True)
+    mb = dataclasses.replace(collate(rows, PAD, shared_prompt_len(rows) if share else 0), packed=True, share_rows=True)
     with torch.no_grad():
         logp = response_logprobs(model, mb)
     assert logp.shape == mb.input_ids.shape

@@ -30,7 +30,7 @@ class TinyLearner:
     zero_stage = 0
     device = torch.device("cpu")
     tis_cap = None
-    packed = False  # run every micro-batch packed (ziprl.learner.packing)
+    packed = False  # run every micro-batch packed, its rows sharing their common prompt tokens (ziprl.learner.packing)
 
     def __init__(self, cfg: ZipRLConfig, policy: torch.nn.Module, reference: torch.nn.Module | None) -> None:
         self.cfg, self.policy, self.reference = cfg, policy, reference
@@ -53,7 +53,7 @@ class TinyLearner:
 
     def micro_batches(self, rows):
         batches = make_micro_batches(rows, self.cfg.learner.micro_batch_turns, PAD, share_prefix=True)
-        return [(dataclasses.replace(mb, packed=self.packed), True) for mb in batches], None
+        return [(dataclasses.replace(mb, packed=self.packed, share_rows=self.packed), True) for mb in batches], None
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -218,7 +218,8 @@ class PrefixLearner(TinyLearner):
     def micro_batches(self, rows):
         n, step = self.cfg.learner.micro_batch_turns, shared_prompt_len(rows)
         groups = [rows[s: s + n] for s in range(0, len(rows), n)]
-        batches = [(dataclasses.replace(collate(g, PAD, max(step, shared_prompt_len(g))), packed=self.packed), True)
+        batches = [(dataclasses.replace(collate(g, PAD, max(step, shared_prompt_len(g))), packed=self.packed,
+                                       share_rows=self.packed), True)
                    for g in groups]
         assert all(mb.prefix_len > step for mb, _ in batches)  # each runs on past the step's prefix
         return batches, torch.tensor([rows[0].input_ids[:step]])

@@ -259,7 +259,9 @@ class LearnerConfig:
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory, more compute).")
     share_prefix: bool | None = opt(None, "run the leading tokens turns share once: the system prompt once per "
                                           "step, and on one rank the turns of a trajectory (each extends the one "
-                                          "before) together in a micro-batch that runs their shared prompt once; off "
+                                          "before) together in a micro-batch that runs their shared prompt once; in "
+                                          "a packed micro-batch (pack_rows) the prompt tokens a turn shares with an "
+                                          "earlier one (G samples of one prompt) run once as a prefix tree; off "
                                           "with gradient checkpointing. null = on a CPU, off on a GPU (its rows would "
                                           "need a masked attention kernel); docs/performance.md has the measurements.")
     pack_rows: bool | None = opt(None, "run a micro-batch's rows (after the prefix they share) as one unpadded "

@@ -14,7 +14,8 @@ Log-probs and gradients are those of the unshared forward (to float round-off).
 
 Packed rows (``MicroBatch.packed``, ``learner.pack_rows``): the rows' tokens after the shared prefix run as one
 unpadded sequence under a mask that keeps each row to the prefix and itself (:mod:`ziprl.learner.packing`), so no
-padding is computed; the log-probs and gradients are again the padded forward's, to float round-off.
+padding is computed, and with ``share_rows`` prompt tokens a row shares with an earlier row run once; the log-probs and gradients are
+again the padded forward's, to float round-off.
 
 Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
 response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
@@ -39,7 +40,7 @@ from torch import Tensor
 
 from ziprl.env.trajectory import Trajectory
 from ziprl.learner.losses import token_weight
-from ziprl.learner.packing import pack_rows
+from ziprl.learner.packing import pack_rows, packed_length
 from ziprl.policy.kv import cache_kwarg, extend_prefix, prefix_cache, shared_prefix_len
 
 
@@ -70,6 +71,7 @@ class MicroBatch:
     response_ends: tuple[int, ...]  # each row's length (one past its last response column)
     prefix_len: int = 0  # columns 0 .. prefix_len - 1 hold the same tokens in every row (run once)
     packed: bool = False  # the forward runs the rows' other tokens as one unpadded sequence (ziprl.learner.packing)
+    share_rows: bool = False  # packed: prompt tokens a row shares with an earlier row run once (learner.share_prefix)
 
     def __post_init__(self) -> None:
         """An off-by-one between the loss mask and the responses is refused where the batch is built (on the host)."""
@@ -248,8 +250,18 @@ def make_micro_batches(rows: Sequence[TurnRow], micro_batch_size: int, pad_id: i
     return [collate(rows[s:e], pad_id, shared_prompt_len(rows[s:e]) if share_prefix else 0) for s, e in bounds]
 
 
+def shareable(batch: MicroBatch) -> tuple[int, ...] | None:
+    """How many leading columns of each row a packed forward may share with an earlier row: its prompt, when the
+    batch shares rows (:func:`~ziprl.learner.packing.share_plan`)."""
+    return batch.response_starts if batch.share_rows else None
+
+
 def computed_tokens(batch: MicroBatch) -> int:
-    """Tokens the forward actually runs: the shared prefix once, every row's other real tokens."""
+    """Tokens the forward actually runs: the shared prefix once, every row's other real tokens (packed: those no
+    earlier row holds)."""
+    if batch.packed:
+        return batch.prefix_len + packed_length(batch.input_ids, batch.response_ends, batch.prefix_len,
+                                                shareable(batch))
     return int(batch.attention_mask[:, batch.prefix_len :].sum()) + batch.prefix_len
 
 
@@ -296,10 +308,10 @@ def _response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: flo
     # the hidden state at column t - 1 scores the token at t; the forward's hidden states cover columns s onwards
     rows, scoring = where[0], where[1] - 1 - s
     if batch.packed:
-        packed = pack_rows(batch.input_ids, batch.response_ends, s)
+        packed = pack_rows(batch.input_ids, batch.response_ends, s, shareable(batch))
         inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
                   "attention_mask": packed.attention_mask}
-        at = packed.offsets[rows] + scoring
+        at = packed.index[rows, scoring]
     else:
         inputs, at = {"input_ids": batch.input_ids[:, s:]}, rows * (batch.input_ids.size(1) - s) + scoring
     # the LM head reads only the N scoring positions, gathered to a contiguous [1, N, H]

@@ -47,11 +47,12 @@ from ziprl.learner.batch import (
     micro_batch_bounds,
     plan_micro_batches,
     response_logprobs,
+    shareable,
     shared_prompt_len,
 )
 from ziprl.learner.distributed import init_distributed, rank, world_size
 from ziprl.learner.hardware import GemmPeak, ModelSize, choose_learner, device_clock, hardware
-from ziprl.learner.packing import packing_pays, pair_cost
+from ziprl.learner.packing import packed_length, packing_pays, pair_cost
 from ziprl.learner.step import backward_pass, policy_prefix, read_prefix, update_step
 from ziprl.learner.step_stats import StepStats, StepSums
 from ziprl.paths import atomic_dir
@@ -169,6 +170,7 @@ class Trainer:
         # mask, which the sdpa attention takes as is)
         sdpa = model.config._attn_implementation == "sdpa"
         self.pair_cost = pair_cost(model.config) if lc.pack_rows and sdpa else 0.0
+        self.share_rows = self.share_prefix  # packed rows run the prompt tokens they share once (a prefix tree)
         self.num_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self._gemm_peak = GemmPeak(torch.bfloat16 if self.bf16 else torch.float32, self.device.type)
         self._clock = device_clock(self.device)  # the step's parts timed as the device runs them
@@ -284,8 +286,11 @@ class Trainer:
         return [(mb.to(self.device), real) for mb, real in batches], prefix
 
     def _packed(self, mb: MicroBatch) -> MicroBatch:
-        """``mb`` to run packed when ``learner.pack_rows`` is on and packing computes less (:func:`packing_pays`)."""
-        pays = self.pair_cost and packing_pays(mb.response_ends, mb.prefix_len, self.pair_cost)
+        """``mb`` to run packed when ``learner.pack_rows`` is on and packing computes less (:func:`packing_pays`),
+        its rows sharing the prompt tokens they hold in common with ``learner.share_prefix``."""
+        mb = dataclasses.replace(mb, share_rows=self.share_rows)
+        pays = self.pair_cost and packing_pays(mb.response_ends, mb.prefix_len, self.pair_cost, packed_length(
+            mb.input_ids, mb.response_ends, mb.prefix_len, shareable(mb)))
         return dataclasses.replace(mb, packed=True) if pays else mb
 
     def backward(self, loss: torch.Tensor) -> None:

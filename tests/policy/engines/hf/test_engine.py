@@ -208,6 +208,24 @@ def test_prefill_variants_change_nothing(engine, prompts, monkeypatch, share_pre
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def test_a_prompt_given_more_than_once_is_prefilled_once(engine, prompts, monkeypatch):
+    """GRPO's G samples of a prompt: each distinct prompt is prefilled once and its cache rows repeated. The rows still
+    sample apart, every token's log-prob is the teacher-forced one, and greedy rows are those of the distinct prompts
+    alone."""
+    batch = [prompts[0], prompts[1], prompts[0], prompts[0], prompts[1]]
+    prefilled, prefill = [], engine._prefill
+    monkeypatch.setattr(engine, "_prefill", lambda ps, room: prefilled.append(len(ps)) or prefill(ps, room))
+    out = engine.generate(batch, SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=16, stop=[]), seed=3)
+    assert prefilled == [5, 2]  # the batch, then its two distinct prompts
+    assert len({tuple(out[k].token_ids) for k in (0, 2, 3)}) > 1
+    for g, p in zip(out, batch, strict=True):
+        assert g.prompt_ids == p
+        assert torch.allclose(torch.tensor(g.logprobs), teacher_forced_logprobs(engine, p, g.token_ids), atol=1e-4)
+    greedy = SamplingConfig(greedy=True, max_new_tokens=16, stop=[])
+    alone = [g.token_ids for g in engine.generate(prompts[:2], greedy)]
+    assert [g.token_ids for g in engine.generate(batch, greedy)] == [alone[0], alone[1], alone[0], alone[0], alone[1]]
+
+
 def test_rows_run_one_at_a_time_only_when_padding_is_a_large_share():
     from ziprl.policy.engines.hf.engine import UNPADDED_MIN_PADDING, padding_share
 

@@ -161,7 +161,15 @@ class HFEngine(GenerationEngine):
         The cache is laid out left-padded, position ids counting real tokens only, so padding never shifts RoPE. With
         ``share_prefix`` the leading tokens all prompts share (the system prompt) sit first in every row, the padding
         after them, and run once for the batch. With ``unpadded_prefill`` each row's own tokens run alone, so no
-        forward computes padding, and their keys and values are placed in the padded layout afterwards."""
+        forward computes padding, and their keys and values are placed in the padded layout afterwards. A prompt that
+        comes more than once (GRPO's G samples of it) is prefilled once and its cache rows repeated."""
+        distinct = list(dict.fromkeys(map(tuple, prompts)))
+        if len(distinct) < len(prompts):
+            logits, cache, mask, next_pos = self._prefill([list(p) for p in distinct], room)
+            where = {p: i for i, p in enumerate(distinct)}
+            idx = torch.tensor([where[tuple(p)] for p in prompts], device=self.device)
+            cache.batch_select_indices(idx)
+            return logits[idx], cache, mask[idx], next_pos[idx]
         s = shared_prefix_len(prompts) if self.share_prefix else 0
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
