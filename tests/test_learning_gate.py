@@ -131,7 +131,7 @@ def test_hrr_alone_raises_compression_quality(tiny_model_dir, tmp_path):
     def runs_at(seed: int) -> dict:
         runs = {name: run_hrr(stage1, dataset, tmp_path / f"{name}_seed{seed}", seed=seed, w=w, mutation=mutation)
                 for name, w, mutation in HRR_RUNS}
-        print(f"HRR check, seed {seed}:", {name: (round(r["start"], 3), round(r["end"], 3)) for name, r in runs.items()})
+        print(f"HRR check, seed {seed}:", {n: (round(r["start"], 3), round(r["end"], 3)) for n, r in runs.items()})
         return runs
 
     fails = hrr_check_fails(runs_at(GATE_SEED))

@@ -14,8 +14,8 @@ Log-probs and gradients are those of the unshared forward (to float round-off).
 
 Packed rows (``MicroBatch.packed``, ``learner.pack_rows``): the rows' tokens after the shared prefix run as one
 unpadded sequence under a mask that keeps each row to the prefix and itself (:mod:`ziprl.learner.packing`), so no
-padding is computed, and with ``share_rows`` prompt tokens a row shares with an earlier row run once; the log-probs and gradients are
-again the padded forward's, to float round-off.
+padding is computed, and with ``share_rows`` the prompt tokens a row shares with an earlier row run once; the
+log-probs and gradients are again the padded forward's, to float round-off.
 
 Every per-token tensor is indexed by column, and ``loss_mask[t] = 1`` exactly when column t holds a
 response token. The log-prob at column t is log pi(input_ids[t] | input_ids[<t]), i.e. it comes from the
