@@ -71,7 +71,7 @@ def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
     pair, share, seconds, layout = trainer.pair_cost, trainer.share_rows, defaultdict(list), {}
     names = list(LAYOUTS)
     for rep in range(reps + 1):
-        for name in names[rep % 3:] + names[: rep % 3]:
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
             pack, trainer.share_rows = LAYOUTS[name]
             trainer.pair_cost = pair if pack else 0
             start = time.perf_counter()

@@ -52,9 +52,9 @@ def share_plan(input_ids: Tensor, lengths: Sequence[int], prefix_len: int, share
     room = torch.tensor([max(0, min(a, n) - s) for a, n in zip(shareable, lengths, strict=True)], device=ids.device)
     for k in range(1, len(lengths)):
         w = int(room[k])
-        same = (ids[:k, :w] == ids[k, :w]).cumprod(1).sum(1).minimum(room[:k]) if w else room[:k] * 0
-        j = int(same.argmax())
-        plan.append((j, int(same[j])) if int(same[j]) else (-1, 0))
+        same = (ids[:k, :w] == ids[k, :w]).cumprod(1).sum(1).minimum(room[:k]) if w else torch.zeros(1)
+        j, m = int(same.argmax()), int(same.max())
+        plan.append((j, m) if m else (-1, 0))
     return plan
 
 
