@@ -1,6 +1,7 @@
-"""What HRR's per-turn term rewards in trained runs: how much of its spread each property of a turn explains.
+"""What HRR's per-turn term rewards in trained runs: how much of its spread each property of a turn explains, and
+where each choice's credit comes from.
 
-    python benchmarks/hrr_credit.py --runs DIR [--name hrr_credit]
+    python benchmarks/hrr_credit.py --runs DIR [--max-step N] [--name hrr_credit]
 
 HRR adds ``w (Q_ij - Q̄_i)`` to every scored turn (paper Eq. advantage_adjust). Over every scored turn of every
 trajectory the runs under ``--runs`` trained on (a ``benchmarks/learning.py --out`` directory: ``<run>/trajectories``),
@@ -8,6 +9,12 @@ this reports, per arm (seeds pooled), the share of the variance of ``Q_ij - Q̄_
 between-group share, η²): whether the turn itself was malformed, what it compressed (the previous action's result),
 the level it chose, and the last two together. A property the policy does not choose (what it compressed) is credit
 for the state, not the decision; the turn's own format error is also what the outcome reward teaches.
+
+``<name>_cells`` splits the mean credit of each cell (what a well-formed turn compressed, the level it chose) as
+``Q_ij - Q̄_i = (1 - 1/T) Q_ij + past + future``, where past and future are minus the trajectory's other scored turns
+before and after j, over T. The future part depends on the choice made at j (a choice changes what comes after),
+so it is credit for the choice's consequences on later compressions, not for the compression itself; the table also
+gives how often the later well-formed turns chose the same level.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ class ScoredTurn:
     malformed: bool
     compressed: str  # what the pending observation came from: the previous turn's action, or "invalid"
     level: int | None
+    q: float = 0.0  # Q_ij
+    past: float = 0.0  # -sum of the scored turns' Q before j, over T
+    future: float = 0.0  # -sum of the scored turns' Q after j, over T
+    later_same_level: float | None = None  # share of later well-formed scored turns at this turn's level
 
 
 PROPERTIES: dict[str, Callable[[ScoredTurn], Hashable]] = {
@@ -51,9 +62,18 @@ def scored_turns(turns: Sequence) -> list[ScoredTurn]:
     from ziprl.learner.advantages import hrr_turn_advantages
 
     centred = hrr_turn_advantages(0.0, [t.q_com for t in turns], 1.0)
-    return [ScoredTurn(c, t.format_error is not None,
-                       "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level)
-            for j, (t, c) in enumerate(zip(turns, centred, strict=True)) if j > 0 and t.q_com is not None]
+    scored = [k for k, t in enumerate(turns) if t.q_com is not None]
+    out = []
+    for j, (t, c) in enumerate(zip(turns, centred, strict=True)):
+        if j == 0 or t.q_com is None:
+            continue
+        later = [turns[k].level == t.level for k in scored if k > j and turns[k].format_error is None]
+        out.append(ScoredTurn(c, t.format_error is not None,
+                              "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level,
+                              t.q_com, -sum(turns[k].q_com for k in scored if k < j) / len(scored),
+                              -sum(turns[k].q_com for k in scored if k > j) / len(scored),
+                              sum(later) / len(later) if later else None))
+    return out
 
 
 def explained_share(values: np.ndarray, keys: Sequence[Hashable]) -> float:
@@ -78,14 +98,37 @@ def arm_row(w: float, seeds: list[int], turns: list[ScoredTurn]) -> dict:
             **{f"share: {name}": explained_share(centred, [key(t) for t in turns]) for name, key in PROPERTIES.items()}}
 
 
-def read_runs(runs: Path) -> dict[float, dict[int, list[ScoredTurn]]]:
-    """Every run under ``runs`` (``w<w>_seed<s>``): its trained trajectories' scored turns, by w and seed."""
+def cell_rows(w: float, turns: list[ScoredTurn], min_turns: int = 20) -> list[dict]:
+    """Per cell (what a well-formed turn compressed from a well-formed turn, the level it chose) with at least
+    ``min_turns`` turns: mean Q, mean credit and its self, past and future parts, and the later turns' same-level
+    share."""
+    cells: dict[tuple[str, int | None], list[ScoredTurn]] = {}
+    for t in turns:
+        if not t.malformed and t.compressed != "invalid":
+            cells.setdefault((t.compressed, t.level), []).append(t)
+    rows = []
+    for (compressed, level), ts in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if len(ts) < min_turns:
+            continue
+        same = [t.later_same_level for t in ts if t.later_same_level is not None]
+        q, centred, past, future = np.array([(t.q, t.centred, t.past, t.future) for t in ts]).mean(axis=0)
+        rows.append({"w": w, "compressed": compressed, "level": level, "turns": len(ts), "mean Q": float(q),
+                     "mean Q - Q_bar": float(centred), "self (1 - 1/T) Q": float(centred - past - future),
+                     "past": float(past), "future": float(future),
+                     "later turns at this level": float(np.mean(same)) if same else float("nan")})
+    return rows
+
+
+def read_runs(runs: Path, max_step: int | None = None) -> dict[float, dict[int, list[ScoredTurn]]]:
+    """Every run under ``runs`` (``w<w>_seed<s>``): its trained trajectories' scored turns (steps up to ``max_step``,
+    None: all), by w and seed."""
     from ziprl.env.trajectory import load_trajectories
 
     found: dict[float, dict[int, list[ScoredTurn]]] = {}
     for run, match in sorted((p, m) for p in runs.iterdir() if p.is_dir() and (m := RUN.fullmatch(p.name))):
         w, seed = match.groups()
         turns = [s for f in sorted((run / "trajectories").glob("step_*.parquet"))
+                 if max_step is None or int(f.stem.removeprefix("step_")) <= max_step
                  for tr in load_trajectories(f) for s in scored_turns(tr.turns)]
         if turns:
             found.setdefault(float(w), {})[int(seed)] = turns
@@ -95,16 +138,23 @@ def read_runs(runs: Path) -> dict[float, dict[int, list[ScoredTurn]]]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, help="a benchmarks/learning.py --out directory")
+    ap.add_argument("--max-step", type=int, default=None, help="read steps up to this one (default: every step), so "
+                                                                 "runs of different lengths compare alike")
     ap.add_argument("--name", type=results_name, default="hrr_credit", help="results file prefix")
     args = ap.parse_args(argv)
+    if args.max_step is not None and args.max_step < 1:
+        ap.exit(2, f"error: --max-step must be >= 1, got {args.max_step}\n")
     runs = Path(args.runs)
-    found = read_runs(runs) if runs.is_dir() else {}
+    found = read_runs(runs, args.max_step) if runs.is_dir() else {}
     if not found:
         ap.exit(2, f"error: --runs {runs}: no w<w>_seed<s>/trajectories/step_*.parquet there; give the --out "
                    "directory of a benchmarks/learning.py run\n")
     rows = [arm_row(w, sorted(by_seed), [t for s in sorted(by_seed) for t in by_seed[s]])
             for w, by_seed in sorted(found.items())]
-    write_results(args.name, rows, {"runs": sorted(f"w{w:g}_seed{s}" for w, b in found.items() for s in b)})
+    meta = {"runs": sorted(f"w{w:g}_seed{s}" for w, b in found.items() for s in b), "max_step": args.max_step}
+    write_results(args.name, rows, meta)
+    write_results(f"{args.name}_cells", [r for w, by_seed in sorted(found.items())
+                                         for r in cell_rows(w, [t for s in sorted(by_seed) for t in by_seed[s]])], meta)
     for r in rows:
         print(f"w={r['w']:g}: " + ", ".join(f"{k.removeprefix('share: ')} {v:.2f}" for k, v in r.items()
                                               if k.startswith("share: ")))

@@ -3,6 +3,7 @@ of a turn explains."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -42,9 +43,26 @@ def test_turns_are_centred_as_hrr_centres_them_and_named_by_what_they_compressed
     assert hrr_credit.scored_turns([_turn("search", None)]) == []
 
 
-def _write_run(root, name: str, trajectories: list[list[Turn]]) -> None:
+def test_a_turns_credit_splits_into_its_own_score_the_past_and_the_future():
+    turns = [_turn("search", None), _turn("search", 0.6, level=4), _turn("open", 0.9, level=2),
+             _turn("open", 0.3, level=4), _turn("answer", 0.6, level=4)]
+    got = hrr_credit.scored_turns(turns)
+    for t in got:
+        assert t.centred == pytest.approx((1 - 1 / 4) * t.q + t.past + t.future)
+    assert [round(t.past, 6) for t in got] == [0.0, -0.15, -0.375, -0.45]
+    assert [round(t.future, 6) for t in got] == [-0.45, -0.225, -0.15, 0.0]
+    assert [t.later_same_level for t in got] == [pytest.approx(2 / 3), 0.0, 1.0, None]
+    rows = hrr_credit.cell_rows(0.2, got + [dataclasses.replace(got[0], compressed="invalid")], min_turns=1)
+    assert [(r["compressed"], r["level"], r["turns"]) for r in rows] == [("open", 4, 2), ("search", 2, 1),
+                                                                        ("search", 4, 1)]
+    assert rows[0]["future"] == pytest.approx(-0.075) and rows[0]["later turns at this level"] == 1.0
+    assert rows[2]["future"] == pytest.approx(-0.45) and rows[2]["later turns at this level"] == pytest.approx(2 / 3)
+    assert [r["turns"] for r in hrr_credit.cell_rows(0.2, got, min_turns=2)] == [2]
+
+
+def _write_run(root, name: str, trajectories: list[list[Turn]], step: int = 1) -> None:
     trajs = [Trajectory(question_id=f"q{i}", question="?", answers=["a"], turns=t) for i, t in enumerate(trajectories)]
-    save_trajectories(trajs, root / name / "trajectories" / "step_000001.parquet")
+    save_trajectories(trajs, root / name / "trajectories" / f"step_{step:06d}.parquet")
 
 
 def test_the_report_pools_seeds_per_arm(tmp_path, monkeypatch, capsys):
@@ -64,10 +82,18 @@ def test_the_report_pools_seeds_per_arm(tmp_path, monkeypatch, capsys):
     assert rows[1]["share: own format error"] == pytest.approx(1.0)  # here the format error is the whole spread
     assert rows[0]["share: what it compressed"] == pytest.approx(1.0)
     assert "w=0.2: own format error 1.00" in capsys.readouterr().out
+    cells = json.loads((tmp_path / "results" / "credit_cells.json").read_text())["rows"]
+    assert cells == []  # fewer than 20 turns a cell
+    _write_run(runs, "w0_seed0", [[_turn("search", None), _turn("open", 0.9), _turn("answer", 0.1)]], step=2)
+    hrr_credit.main(["--runs", str(runs), "--name", "credit", "--max-step", "1"])
+    rows = json.loads((tmp_path / "results" / "credit.json").read_text())["rows"]
+    assert rows[0]["scored turns"] == 2  # step 2 not read
 
 
-def test_a_directory_without_runs_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("args, message", [([], "no w<w>_seed<s>/trajectories/step_*.parquet there"),
+                                           (["--max-step", "0"], "--max-step must be >= 1")])
+def test_bad_input_is_refused_with_exit_2(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exc:
-        hrr_credit.main(["--runs", str(tmp_path / "missing")])
+        hrr_credit.main(["--runs", str(tmp_path / "missing"), *args])
     assert exc.value.code == 2
-    assert "no w<w>_seed<s>/trajectories/step_*.parquet there" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
