@@ -3,7 +3,7 @@
     python benchmarks/learning_gate.py [--configs bandit,bandit_bf16,search] [--seeds 0,1,2,3,4]
                                        [--mutations all|none|NAME,...] [--mutation-seeds [CONFIG=]SEEDS ...]
                                        [--hrr-seeds 0,1,2,3,4] [--drift-seeds 0,1,2,3,4,5,6,7]
-                                       [--set KEY=VALUE ...] [--name learning_gate]
+                                       [--set KEY=VALUE ...] [--hrr-set KEY=VALUE ...] [--name learning_gate]
 
 Runs the configurations of ``tests/test_learning_gate.py`` (``ziprl/testing/learning_task.py``: the one-turn colour
 bandit in float32 and with the bf16 learner, the three-turn search task as the default run trains it; cold-started
@@ -13,7 +13,8 @@ overrides after each configuration's own), then once per mutation and mutation s
 and writes the success rate per step, the start and end rates and the verdict of each run to
 ``benchmarks/results/<name>.{json,md}``. Then the HRR check (every reward 0; Q_com per step): w = 0 on the drift
 seeds, whose leads over one another are what sampling alone moves; w = 0.2, w = -0.2 and shuffled per-turn scores on
-the HRR seeds, each led against the same seed's w = 0; to ``<name>_hrr.{json,md}``.
+the HRR seeds, each led against the same seed's w = 0 (``--hrr-set``: config overrides for all of them); to
+``<name>_hrr.{json,md}``.
 """
 
 from __future__ import annotations
@@ -66,10 +67,18 @@ def main() -> None:
     ap.add_argument("--drift-seeds", default="0,1,2,3,4,5,6,7", help="w = 0 runs of the HRR check")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the gate's runs (repeatable; the HRR check keeps its own settings)")
+    ap.add_argument("--hrr-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the HRR check's runs, after its own settings (repeatable)")
     ap.add_argument("--name", type=results_name, default="learning_gate")
     args = ap.parse_args()
-    from ziprl.config import ModelConfig
+    from ziprl.config import ConfigError, ModelConfig, load_config
     from ziprl.policy.models import build_tiny_llama, resolve_model_path
+
+    for flag, overrides in (("--set", args.set), ("--hrr-set", args.hrr_set)):
+        try:
+            load_config(None, overrides)
+        except ConfigError as exc:
+            ap.exit(2, f"error: {flag}: {exc}\n")
 
     configs = args.configs.split(",")
     muts = list(MUTATIONS) if args.mutations == "all" else [] if args.mutations == "none" else args.mutations.split(",")
@@ -87,7 +96,7 @@ def main() -> None:
             write_results(args.name, rows, meta={"configs": configs, "seeds": ints(args.seeds), "mutations": muts,
                                                  "mutation_seeds": mutation_seeds, "set": args.set})
         if args.hrr_seeds or args.drift_seeds:
-            rows, meta = hrr_rows(root, base, ints(args.hrr_seeds), ints(args.drift_seeds))
+            rows, meta = hrr_rows(root, base, ints(args.hrr_seeds), ints(args.drift_seeds), args.hrr_set)
             write_results(f"{args.name}_hrr", rows, meta=meta)
 
 
@@ -120,7 +129,8 @@ def gate_rows(root: Path, base: Path, runs: list[tuple[str, int, str | None]], o
     return rows
 
 
-def hrr_rows(root: Path, base: Path, seeds: list[int], drift_seeds: list[int]) -> tuple[list[dict], dict]:
+def hrr_rows(root: Path, base: Path, seeds: list[int], drift_seeds: list[int],
+             overrides: list[str] | None = None) -> tuple[list[dict], dict]:
     """The HRR check's runs from one Stage 1, every reward 0, each with its lead over the same seed's w = 0 run; a
     w = 0 run's ``drift``: the largest |its last 8 steps' mean - another w = 0 run's mean|, the lead sampling alone
     gives a policy that never moves."""
@@ -131,7 +141,8 @@ def hrr_rows(root: Path, base: Path, seeds: list[int], drift_seeds: list[int]) -
     todo += [(s, name, w, m) for s in seeds for name, w, m in HRR_RUNS if name != "w=0"]
     runs = {}
     for seed, name, w, mutation in todo:
-        runs[seed, name] = run_hrr(stage1, dataset, root / "hrr" / f"{name}_seed{seed}", seed, w, mutation)
+        runs[seed, name] = run_hrr(stage1, dataset, root / "hrr" / f"{name}_seed{seed}", seed, w, mutation,
+                                   extra=overrides or [])
         print(f"[hrr] seed {seed} {name}: Q_com {runs[seed, name]['start']:.3f} -> {runs[seed, name]['end']:.3f}",
               flush=True)
     base_mean = {s: runs[s, "w=0"]["mean"] for s in sorted(set(seeds) | set(drift_seeds))}
@@ -144,7 +155,8 @@ def hrr_rows(root: Path, base: Path, seeds: list[int], drift_seeds: list[int]) -
             row["drift"] = max(abs(r["end"] - m) for m in base_mean.values())
         rows.append(row)
     drift = max((row["drift"] for row in rows if "drift" in row), default=float("nan"))
-    meta = {"seeds": seeds, "drift_seeds": drift_seeds, "max_drift": drift, "min_lead": HRR_MIN_LEAD,
+    meta = {"seeds": seeds, "drift_seeds": drift_seeds, "set": overrides or [], "max_drift": drift,
+            "min_lead": HRR_MIN_LEAD,
             "margin": HRR_MIN_LEAD / drift if drift else float("nan")}
     print(f"[hrr] largest w = 0 drift {drift:.3f}; the check's bar {HRR_MIN_LEAD} is {meta['margin']:.2f}x it")
     return rows, meta

@@ -133,3 +133,12 @@ def test_a_bad_results_name_exits_2_before_any_run(tmp_path):
     assert proc.returncode == 2
     assert "names files in" in proc.stderr
     assert "[gate]" not in proc.stdout
+
+
+@pytest.mark.parametrize("flag", ["--set", "--hrr-set"])
+def test_a_bad_config_override_of_the_learning_gate_exits_2_before_any_run(tmp_path, flag):
+    proc = subprocess.run([sys.executable, str(BENCH / "learning_gate.py"), flag, "learner.hrr_reference=nope"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"error: {flag}: learner.hrr_reference must be trajectory or causal, got 'nope'" in proc.stderr
+    assert "[gate]" not in proc.stdout and "[hrr]" not in proc.stdout

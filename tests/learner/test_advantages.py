@@ -8,9 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ziprl.config import LearnerConfig
+from ziprl.config.schema import HRR_REFERENCES
 from ziprl.env.group import Group
 from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.learner.advantages import carries_signal, compute_advantages, hrr_turn_advantages
+from ziprl.learner.advantages import carries_signal, compute_advantages, hrr_reference, hrr_turn_advantages
 from ziprl.learner.advantages.grpo import grpo_advantages
 
 
@@ -147,8 +148,38 @@ MEMBERS = st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]),
                    min_size=1, max_size=4)
 
 
-@given(MEMBERS, st.sampled_from([0.0, 0.2, -0.2, 1.0]))
-def test_carries_signal_is_whether_some_turn_gets_a_non_zero_advantage(members, w):
+@given(MEMBERS, st.sampled_from([0.0, 0.2, -0.2, 1.0]), st.sampled_from(HRR_REFERENCES))
+def test_carries_signal_is_whether_some_turn_gets_a_non_zero_advantage(members, w, reference):
     g = group("g", *members)
-    turns = compute_advantages([g], LearnerConfig(hrr_weight=w)).turn_advantages
+    turns = compute_advantages([g], LearnerConfig(hrr_weight=w, hrr_reference=reference)).turn_advantages
     assert carries_signal(g, w) == any(abs(a) > 1e-9 for t in turns for a in t)
+
+
+def test_the_causal_reference_is_the_mean_of_the_scored_turns_so_far():
+    # scored Q = 0.2, 0.8, 0.5: running means 0.2, 0.5, 0.5 ; w = 0.2
+    # A = 0.5 + 0.2 * 0 = 0.5 ; None -> 0.5 ; 0.5 + 0.2 * (0.8 - 0.5) = 0.56 ; 0.5 + 0.2 * (0.5 - 0.5) = 0.5
+    assert hrr_reference([0.2, None, 0.8, 0.5], "causal") == [0.2, None, 0.5, 0.5]
+    assert hrr_reference([0.2, None, 0.8, 0.5]) == [0.5, None, 0.5, 0.5]  # the paper's: one mean for every turn
+    np.testing.assert_allclose(hrr_turn_advantages(0.5, [0.2, None, 0.8, 0.5], 0.2, "causal"), [0.5, 0.5, 0.56, 0.5])
+    with pytest.raises(ValueError, match="hrr reference must be one of"):
+        hrr_reference([0.1], "future")
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(0, 1)), max_size=6), st.floats(0, 1))
+def test_under_the_causal_reference_a_turns_term_ignores_every_later_score(q_turns, later):
+    """The property that makes it causal: changing what comes after a turn leaves that turn's advantage alone."""
+    a = hrr_turn_advantages(0.3, q_turns, 0.2, "causal")
+    b = hrr_turn_advantages(0.3, [*q_turns, later], 0.2, "causal")
+    assert b[:len(a)] == pytest.approx(a)
+    paper = hrr_turn_advantages(0.3, [*q_turns, later], 0.2)  # the paper's reference moves with the later score
+    scored = [q for q in q_turns if q is not None]
+    if scored and abs(later - sum(scored) / len(scored)) > 1e-6:
+        assert paper[:len(a)] != pytest.approx(hrr_turn_advantages(0.3, q_turns, 0.2))
+
+
+def test_compute_advantages_uses_the_configured_reference():
+    g = group("g", (1.0, [0.2, 0.8]), (0.0, [0.6, 0.6]))
+    paper = compute_advantages([g], LearnerConfig(hrr_weight=1.0, adv_eps=0.0)).turn_advantages
+    causal = compute_advantages([g], LearnerConfig(hrr_weight=1.0, adv_eps=0.0, hrr_reference="causal")).turn_advantages
+    np.testing.assert_allclose(paper, [[1.0 - 0.3, 1.0 + 0.3], [-1.0, -1.0]])
+    np.testing.assert_allclose(causal, [[1.0, 1.0 + 0.3], [-1.0, -1.0]])

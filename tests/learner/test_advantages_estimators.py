@@ -86,6 +86,7 @@ def test_an_estimator_registered_in_a_test_is_used(monkeypatch):
     ("learner.policy_loss=gspo", "learner.policy_loss must be a registered loss (ppo_clip), got 'gspo'"),
     ("learner.loss_norm=seq", "learner.loss_norm must be a registered normalisation (trajectory, token, constant), "
                               "got 'seq'"),
+    ("learner.hrr_reference=future", "learner.hrr_reference must be trajectory or causal, got 'future'"),
 ])
 def test_config_checks_the_names(override, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):

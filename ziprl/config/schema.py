@@ -22,6 +22,8 @@ from ziprl.boundary import UserError, shown
 from ziprl.config.cuda import missing_cuda
 from ziprl.registry import ADVANTAGES, ENGINES, LOSS_NORMS, LOSSES, REWARDS, STRATEGIES, TRANSPORTS
 
+HRR_REFERENCES = ("trajectory", "causal")  # learner.hrr_reference: the Q_bar HRR centres a turn's Q_com on
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_TOKEN_ENV = "ZIPRL_HTTP_TOKEN"  # the retriever HTTP route's bearer token (never stored in config files)
 
@@ -230,6 +232,11 @@ class LearnerConfig:
     hrr_weight: float = opt(0.2, "w of HRR's per-turn term, added to any advantage_estimator's A_i: Eq. "
                                  "advantage_adjust, A_ij = A_i + w (Q_ij - Q_bar_i); 0 = the estimator alone. "
                                  "Paper: 0.2 (with grpo).")
+    hrr_reference: str = opt("trajectory", "Q_bar_i that HRR compares each turn's Q_com with: trajectory (the "
+                                           "paper's Eq. Q_bar, the mean over every scored turn of the trajectory, "
+                                           "later turns included) | causal (the mean over the scored turns up to "
+                                           "and including this one, so a choice earns no credit for lowering the "
+                                           "scores of the turns it leads to; docs/learning.md).")
     adv_eps: float = opt(1e-6, "added to the group's reward std in the GRPO advantage (> 0).")
     drop_zero_variance_groups: bool = opt(False, "drop groups whose rewards are all equal from the step instead of "
                                                  "training them with zero advantage (the batch shrinks; "
@@ -440,6 +447,8 @@ class ZipRLConfig:
              f"got {shown(lr.policy_loss)}"),
             (lr.loss_norm in LOSS_NORMS, f"learner.loss_norm must be a registered normalisation "
              f"({', '.join(LOSS_NORMS)}), got {shown(lr.loss_norm)}"),
+            (lr.hrr_reference in HRR_REFERENCES,
+             f"learner.hrr_reference must be {' or '.join(HRR_REFERENCES)}, got {shown(lr.hrr_reference)}"),
             (lr.rollout_correction in ("auto", "tis", "off"),
              f"learner.rollout_correction must be auto, tis or off, got {shown(lr.rollout_correction)}"),
             (self.weights.transport in TRANSPORTS,

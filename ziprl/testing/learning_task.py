@@ -397,7 +397,7 @@ def mutated(name: str | None) -> Iterator[None]:
         patch(hf_engine.HFEngine, "generate", wrong_tokens)
     elif name == "hrr_weight_negated":  # A_ij = A_i - w (Q_ij - Q_bar_i), i.e. w = -0.2, which the config refuses
         real_hrr = advantages.hrr_turn_advantages
-        patch(advantages, "hrr_turn_advantages", lambda a_traj, q_turns, w: real_hrr(a_traj, q_turns, -w))
+        patch(advantages, "hrr_turn_advantages", lambda a_traj, q_turns, w, *rest: real_hrr(a_traj, q_turns, -w, *rest))
     elif name == "hrr_scores_shuffled":  # each trajectory's Q_com permuted among its scored turns
         real, rng = step_module.compute_advantages, random.Random(0)
         patch(step_module, "compute_advantages",
@@ -446,8 +446,9 @@ def write_hrr_dataset(path: Path) -> Path:
 
 
 def hrr_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, w: float,
-               steps: int = HRR_STEPS, lr: float = HRR_LR) -> ZipRLConfig:
-    """Adaptive strategy, 3 turns (search; compress + search; compress + answer): two scored compress turns."""
+               steps: int = HRR_STEPS, lr: float = HRR_LR, extra: Sequence[str] = ()) -> ZipRLConfig:
+    """Adaptive strategy, 3 turns (search; compress + search; compress + answer): two scored compress turns;
+    ``extra``: config overrides after these."""
     return load_config(None, [
         f"data.dataset={dataset}", "env.strategy=adaptive", "env.max_turns=3", "env.reward=em", "env.top_k=2",
         "sampling.max_new_tokens=40", "sampling.temperature=1.0", "rollout.group_size=4",
@@ -455,7 +456,7 @@ def hrr_config(dataset: Path, out_dir: Path, model_dir: Path, seed: int, w: floa
         f"learner.steps={steps}", f"learner.lr={lr}", "learner.beta=0.0", f"learner.hrr_weight={w}",
         f"learner.seed={seed}", f"data.seed={seed}", "ray.max_staleness=0", f"run.checkpoint_every={steps + 1}",
         f"run.out_dir={out_dir}", f"run.sft_checkpoint={model_dir}", "learner.bf16=false",
-        "learner.drop_zero_variance_groups=false",
+        "learner.drop_zero_variance_groups=false", *extra,
     ])
 
 
@@ -493,14 +494,16 @@ def hrr_cold_start(base_model: Path, dataset: Path, out_dir: Path, steps: int = 
 
 
 @one_thread
-def run_hrr(stage1: Path, dataset: Path, out_dir: Path, seed: int, w: float, mutation: str | None = None) -> dict:
-    """Train with HRR weight ``w`` while every reward is 0 (optionally mutated); the per-step mean Q_com, the mean of
+def run_hrr(stage1: Path, dataset: Path, out_dir: Path, seed: int, w: float, mutation: str | None = None,
+            extra: Sequence[str] = ()) -> dict:
+    """Train with HRR weight ``w`` while every reward is 0 (optionally mutated; ``extra``: config overrides); the
+    per-step mean Q_com, the mean of
     the first 2 steps (start), of the last 8 (end: one step's 16 compress turns move by ~0.08 from sampling alone)
     and of every step."""
     from ziprl.loop.in_process import train
 
     with mutated(mutation):
-        train(hrr_config(dataset, out_dir, stage1, seed, w), progress=False)
+        train(hrr_config(dataset, out_dir, stage1, seed, w, extra=extra), progress=False)
     rows = metrics_rows(out_dir)
     q = [m["rollout/q_com"] for m in rows]
     return {"seed": seed, "w": w, "mutation": mutation or "none", "q_com": q,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ziprl.config import LearnerConfig
+from ziprl.config.schema import HRR_REFERENCES
 from ziprl.env.group import Group
 from ziprl.env.trajectory import Trajectory
 from ziprl.registry import ADVANTAGES
@@ -30,20 +31,42 @@ from ziprl.registry import ADVANTAGES
 Estimator = Callable[[Sequence[float], LearnerConfig], np.ndarray]  # one group's rewards -> A_i per trajectory
 
 
-def hrr_turn_advantages(a_traj: float, q_turns: Sequence[float | None], w: float) -> list[float]:
-    """Per-turn advantages of one trajectory; turns without a Q_com score (None) keep A_i."""
+def hrr_reference(q_turns: Sequence[float | None], reference: str = "trajectory") -> list[float | None]:
+    """The Q̄ each scored turn is compared with (None for an unscored turn).
+
+    ``trajectory``: the paper's, one mean over every scored turn of the trajectory. ``causal``: the mean over the
+    scored turns up to and including this one, so a turn's term does not depend on the turns its choice leads to
+    (the first scored turn's term is 0)."""
     scored = [q for q in q_turns if q is not None]
-    if not scored or w == 0:
+    if reference == "trajectory":
+        # Eq. (Q_bar): mean compression quality over the trajectory's scored turns
+        q_bar = sum(scored) / len(scored) if scored else 0.0
+        return [None if q is None else q_bar for q in q_turns]
+    if reference != "causal":
+        raise ValueError(f"hrr reference must be one of {HRR_REFERENCES}, got {reference!r}")
+    out: list[float | None] = []
+    total = n = 0
+    for q in q_turns:
+        if q is not None:
+            total, n = total + q, n + 1
+        out.append(None if q is None else total / n)
+    return out
+
+
+def hrr_turn_advantages(a_traj: float, q_turns: Sequence[float | None], w: float,
+                        reference: str = "trajectory") -> list[float]:
+    """Per-turn advantages of one trajectory; turns without a Q_com score (None) keep A_i."""
+    if w == 0:
         return [float(a_traj)] * len(q_turns)
-    # Eq. (Q_bar): mean compression quality over the trajectory's scored turns
-    q_bar = sum(scored) / len(scored)
     # Eq. (advantage_adjust): A_ij = A_i + w * (Q_ij - Q_bar_i)
-    return [float(a_traj) if q is None else float(a_traj + w * (q - q_bar)) for q in q_turns]
+    return [float(a_traj) if q is None else float(a_traj + w * (q - q_bar))
+            for q, q_bar in zip(q_turns, hrr_reference(q_turns, reference), strict=True)]
 
 
 def carries_signal(group: Group, w: float) -> bool:
     """Whether :func:`compute_advantages` gives some turn of the group a non-zero advantage with HRR weight ``w``:
-    its rewards differ, or (w != 0) some trajectory's scored turns differ in Q_com."""
+    its rewards differ, or (w != 0) some trajectory's scored turns differ in Q_com (with either reference: the first
+    scored turn that differs from those before it also differs from their mean)."""
     rewards = [t.reward for t in group]
     if max(rewards) > min(rewards):
         return True
@@ -89,7 +112,7 @@ def compute_advantages(groups: Sequence[Group], cfg: LearnerConfig) -> Advantage
         trajs += group.trajectories
         a_traj += adv.tolist()
 
-    turn_adv = [hrr_turn_advantages(a, [u.q_com for u in t.turns], cfg.hrr_weight)
+    turn_adv = [hrr_turn_advantages(a, [u.q_com for u in t.turns], cfg.hrr_weight, cfg.hrr_reference)
                 for t, a in zip(trajs, a_traj, strict=True)]
     flat = np.array([a for turns in turn_adv for a in turns], dtype=np.float64)
     hrr = np.array([a - a_i for a_i, turns in zip(a_traj, turn_adv, strict=True) for a in turns])
