@@ -47,6 +47,8 @@ class ScoredTurn:
     past: float = 0.0  # -sum of the scored turns' Q before j, over T
     future: float = 0.0  # -sum of the scored turns' Q after j, over T
     later_same_level: float | None = None  # share of later well-formed scored turns at this turn's level
+    later_q: float | None = None  # mean Q of the later scored turns
+    position: str = ""  # "k of T": the k-th of the trajectory's T scored turns
 
 
 PROPERTIES: dict[str, Callable[[ScoredTurn], Hashable]] = {
@@ -72,7 +74,9 @@ def scored_turns(turns: Sequence) -> list[ScoredTurn]:
                               "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level,
                               t.q_com, -sum(turns[k].q_com for k in scored if k < j) / len(scored),
                               -sum(turns[k].q_com for k in scored if k > j) / len(scored),
-                              sum(later) / len(later) if later else None))
+                              sum(later) / len(later) if later else None,
+                              float(np.mean([turns[k].q_com for k in scored if k > j])) if scored[-1] > j else None,
+                              f"{scored.index(j) + 1} of {len(scored)}"))
     return out
 
 
@@ -100,22 +104,26 @@ def arm_row(w: float, seeds: list[int], turns: list[ScoredTurn]) -> dict:
 
 def cell_rows(w: float, turns: list[ScoredTurn], min_turns: int = 20) -> list[dict]:
     """Per cell (what a well-formed turn compressed from a well-formed turn, the level it chose) with at least
-    ``min_turns`` turns: mean Q, mean credit and its self, past and future parts, and the later turns' same-level
-    share."""
-    cells: dict[tuple[str, int | None], list[ScoredTurn]] = {}
-    for t in turns:
-        if not t.malformed and t.compressed != "invalid":
-            cells.setdefault((t.compressed, t.level), []).append(t)
+    ``min_turns`` turns, over every position and then over first turns of two (where position and T are fixed, so
+    the past part is 0): mean Q, mean credit and its self, past and future parts, and the later turns' mean Q and
+    same-level share."""
     rows = []
-    for (compressed, level), ts in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        if len(ts) < min_turns:
-            continue
-        same = [t.later_same_level for t in ts if t.later_same_level is not None]
-        q, centred, past, future = np.array([(t.q, t.centred, t.past, t.future) for t in ts]).mean(axis=0)
-        rows.append({"w": w, "compressed": compressed, "level": level, "turns": len(ts), "mean Q": float(q),
-                     "mean Q - Q_bar": float(centred), "self (1 - 1/T) Q": float(centred - past - future),
-                     "past": float(past), "future": float(future),
-                     "later turns at this level": float(np.mean(same)) if same else float("nan")})
+    for position in ("any", "1 of 2"):
+        cells: dict[tuple[str, int | None], list[ScoredTurn]] = {}
+        for t in turns:
+            if not t.malformed and t.compressed != "invalid" and position in ("any", t.position):
+                cells.setdefault((t.compressed, t.level), []).append(t)
+        for (compressed, level), ts in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            if len(ts) < min_turns:
+                continue
+            same = [t.later_same_level for t in ts if t.later_same_level is not None]
+            later = [t.later_q for t in ts if t.later_q is not None]
+            q, centred, past, future = np.array([(t.q, t.centred, t.past, t.future) for t in ts]).mean(axis=0)
+            rows.append({"w": w, "position": position, "compressed": compressed, "level": level, "turns": len(ts),
+                         "mean Q": float(q), "mean Q - Q_bar": float(centred),
+                         "self (1 - 1/T) Q": float(centred - past - future), "past": float(past),
+                         "future": float(future), "later turns' mean Q": float(np.mean(later)) if later else float("nan"),
+                         "later turns at this level": float(np.mean(same)) if same else float("nan")})
     return rows
 
 

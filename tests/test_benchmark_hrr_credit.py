@@ -52,12 +52,18 @@ def test_a_turns_credit_splits_into_its_own_score_the_past_and_the_future():
     assert [round(t.past, 6) for t in got] == [0.0, -0.15, -0.375, -0.45]
     assert [round(t.future, 6) for t in got] == [-0.45, -0.225, -0.15, 0.0]
     assert [t.later_same_level for t in got] == [pytest.approx(2 / 3), 0.0, 1.0, None]
+    assert [t.later_q for t in got] == [pytest.approx(0.6), pytest.approx(0.45), pytest.approx(0.6), None]
+    assert [t.position for t in got] == ["1 of 4", "2 of 4", "3 of 4", "4 of 4"]
     rows = hrr_credit.cell_rows(0.2, got + [dataclasses.replace(got[0], compressed="invalid")], min_turns=1)
     assert [(r["compressed"], r["level"], r["turns"]) for r in rows] == [("open", 4, 2), ("search", 2, 1),
                                                                         ("search", 4, 1)]
     assert rows[0]["future"] == pytest.approx(-0.075) and rows[0]["later turns at this level"] == 1.0
     assert rows[2]["future"] == pytest.approx(-0.45) and rows[2]["later turns at this level"] == pytest.approx(2 / 3)
     assert [r["turns"] for r in hrr_credit.cell_rows(0.2, got, min_turns=2)] == [2]
+    short = hrr_credit.scored_turns([_turn("search", None), _turn("search", 0.7, level=4), _turn("open", 0.5)])
+    first = [r for r in hrr_credit.cell_rows(0.2, short, min_turns=1) if r["position"] == "1 of 2"]
+    assert [(r["compressed"], r["level"], r["past"]) for r in first] == [("search", 4, 0.0)]
+    assert first[0]["future"] == pytest.approx(-0.25) and first[0]["later turns' mean Q"] == pytest.approx(0.5)
 
 
 def _write_run(root, name: str, trajectories: list[list[Turn]], step: int = 1) -> None:
