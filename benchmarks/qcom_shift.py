@@ -108,7 +108,7 @@ def read_run(run: Path) -> tuple[dict[int, list[Scored]], tuple[float, ...]]:
 def rows_for(runs: Path, window: int) -> list[dict]:
     """One row per (seed, arm other than w = 0, window both the arm and its seed's GRPO run trained)."""
     found = {m.groups(): p for p in sorted(runs.iterdir()) if p.is_dir() and (m := RUN.fullmatch(p.name))
-             and (p / "trajectories").is_dir()}
+             and (p / "trajectories").is_dir() and (p / "config.json").is_file()}
     rows = []
     for (w, seed), path in sorted(found.items(), key=lambda kv: (int(kv[0][1]), float(kv[0][0]))):
         base = next((p for (w0, s), p in found.items() if s == seed and float(w0) == 0), None)

@@ -106,6 +106,8 @@ def test_what_ran_on_the_embedded_defaults():
     assert what_ran(plain, stage1=False).startswith("from /sft: 2 GRPO steps")
     rloo = load_config(None, ["learner.advantage_estimator=rloo"])
     assert what_ran(rloo, stage1=False).startswith("from the base model: 2 rloo + HRR (w = 0.2) steps")
+    causal = load_config(None, ["learner.advantage_estimator=rloo", "learner.hrr_reference=causal"])
+    assert what_ran(causal, stage1=False).startswith("from the base model: 2 rloo + HRR (w = 0.2, causal Q_bar) steps")
 
 
 def test_arguments_that_rebuild_the_run():

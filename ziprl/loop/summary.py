@@ -39,7 +39,8 @@ def what_ran(cfg: ZipRLConfig, stage1: bool) -> str:
     """One line naming the stages, the algorithm, the batch, the data and the model of a run of ``cfg``."""
     lr = cfg.learner
     estimator = "GRPO" if lr.advantage_estimator == "grpo" else lr.advantage_estimator  # A_i; HRR is the w term
-    algo = f"{estimator} + HRR (w = {lr.hrr_weight:g})" if lr.hrr_weight else estimator
+    reference = ", causal Q_bar" if lr.hrr_reference == "causal" else ""
+    algo = f"{estimator} + HRR (w = {lr.hrr_weight:g}{reference})" if lr.hrr_weight else estimator
     model = cfg.model.path or "the embedded SmolLM2-135M-Instruct"
     start = ("Stage 1 (scripted demos + SFT), then " if stage1 else
              f"from {cfg.run.sft_checkpoint}: " if cfg.run.sft_checkpoint else "from the base model: ")

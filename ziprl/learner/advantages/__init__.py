@@ -5,7 +5,8 @@ Estimators are registered in :data:`ziprl.registry.ADVANTAGES`, one module each 
 ``dr_grpo`` (Dr. GRPO: no std division; pair it with ``learner.loss_norm=constant``). An estimator is a function
 ``(rewards of one group, LearnerConfig) -> A_i per trajectory``. HRR is not an estimator: :func:`compute_advantages`,
 the one entry point the trainer calls, takes the rollout's groups as they were formed, asks the estimator for each
-group's A_i and adds HRR's per-turn term with w = ``learner.hrr_weight`` (w = 0: the estimator alone).
+group's A_i and adds HRR's per-turn term with w = ``learner.hrr_weight`` (w = 0: the estimator alone), centred on the
+Q̄ that ``learner.hrr_reference`` names (:func:`hrr_reference`).
 
 Choices:
 - A group whose rewards are all equal (this includes a group of size 1) has no outcome signal: every A_i is
