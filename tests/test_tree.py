@@ -32,6 +32,7 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_benchmark_launch_time.py": "benchmarks/launch_time.py",
     "test_benchmark_learner_packing.py": "benchmarks/learner_packing.py",
     "test_benchmark_learning.py": "benchmarks/learning.py and benchmarks/learning_compare.py",
+    "test_benchmark_qcom_shift.py": "benchmarks/qcom_shift.py",
     "test_results_index.py": "benchmarks/README.md indexes benchmarks/results/",
 }
 
