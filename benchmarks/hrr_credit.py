@@ -59,6 +59,11 @@ PROPERTIES: dict[str, Callable[[ScoredTurn], Hashable]] = {
 }
 
 
+def compressed_by(turns: Sequence, j: int) -> str:
+    """What turn ``j`` compressed: the previous turn's action, or ``invalid`` when that turn was malformed."""
+    return "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action
+
+
 def scored_turns(turns: Sequence) -> list[ScoredTurn]:
     """One trajectory's scored turns (``q_com`` not None), centred as HRR centres them (its term with A_i = 0, w = 1)."""
     from ziprl.learner.advantages import hrr_turn_advantages
@@ -70,8 +75,7 @@ def scored_turns(turns: Sequence) -> list[ScoredTurn]:
         if j == 0 or t.q_com is None:
             continue
         later = [turns[k].level == t.level for k in scored if k > j and turns[k].format_error is None]
-        out.append(ScoredTurn(c, t.format_error is not None,
-                              "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action, t.level,
+        out.append(ScoredTurn(c, t.format_error is not None, compressed_by(turns, j), t.level,
                               t.q_com, -sum(turns[k].q_com for k in scored if k < j) / len(scored),
                               -sum(turns[k].q_com for k in scored if k > j) / len(scored),
                               sum(later) / len(later) if later else None,
@@ -157,12 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     if not found:
         ap.exit(2, f"error: --runs {runs}: no w<w>_seed<s>/trajectories/step_*.parquet there; give the --out "
                    "directory of a benchmarks/learning.py run\n")
-    rows = [arm_row(w, sorted(by_seed), [t for s in sorted(by_seed) for t in by_seed[s]])
-            for w, by_seed in sorted(found.items())]
+    pooled = {w: [t for s in sorted(by_seed) for t in by_seed[s]] for w, by_seed in sorted(found.items())}
+    rows = [arm_row(w, sorted(found[w]), turns) for w, turns in pooled.items()]
     meta = {"runs": sorted(f"w{w:g}_seed{s}" for w, b in found.items() for s in b), "max_step": args.max_step}
     write_results(args.name, rows, meta)
-    write_results(f"{args.name}_cells", [r for w, by_seed in sorted(found.items())
-                                         for r in cell_rows(w, [t for s in sorted(by_seed) for t in by_seed[s]])], meta)
+    write_results(f"{args.name}_cells", [r for w, turns in pooled.items() for r in cell_rows(w, turns)], meta)
     for r in rows:
         print(f"w={r['w']:g}: " + ", ".join(f"{k.removeprefix('share: ')} {v:.2f}" for k, v in r.items()
                                               if k.startswith("share: ")))

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import results_name, write_results  # noqa: E402
-from hrr_credit import RUN  # noqa: E402
+from hrr_credit import RUN, compressed_by  # noqa: E402
 
 PARTS = ("ratio", "level", "info", "sem")  # Q_com's parts, in the order of their alphas
 
@@ -51,8 +51,7 @@ def scored(turns: Sequence) -> list[Scored]:
     for j, t in enumerate(turns):
         if j == 0 or t.q_com is None:
             continue
-        compressed = "invalid" if turns[j - 1].format_error is not None else turns[j - 1].action
-        cell = None if t.format_error is not None else (compressed, t.level)
+        cell = None if t.format_error is not None else (compressed_by(turns, j), t.level)
         out.append(Scored(cell, t.q_com, tuple(getattr(t, f"q_{p}") or 0.0 for p in PARTS), len(t.response_text)))
     return out
 
@@ -109,12 +108,13 @@ def rows_for(runs: Path, window: int) -> list[dict]:
     """One row per (seed, arm other than w = 0, window both the arm and its seed's GRPO run trained)."""
     found = {m.groups(): p for p in sorted(runs.iterdir()) if p.is_dir() and (m := RUN.fullmatch(p.name))
              and (p / "trajectories").is_dir() and (p / "config.json").is_file()}
+    grpo_runs = {seed: path for (w, seed), path in found.items() if float(w) == 0}
+    read = {path: read_run(path) for (w, seed), path in found.items() if seed in grpo_runs}  # each run once
     rows = []
     for (w, seed), path in sorted(found.items(), key=lambda kv: (int(kv[0][1]), float(kv[0][0]))):
-        base = next((p for (w0, s), p in found.items() if s == seed and float(w0) == 0), None)
-        if float(w) == 0 or base is None:
+        if float(w) == 0 or seed not in grpo_runs:
             continue
-        (arm, alpha), (grpo, _) = read_run(path), read_run(base)
+        (arm, alpha), (grpo, _) = read[path], read[grpo_runs[seed]]
         last = min(max(arm, default=0), max(grpo, default=0))
         for lo in range(1, last + 1, window):
             hi = min(lo + window - 1, last)

@@ -38,8 +38,8 @@ def hrr_reference(q_turns: Sequence[float | None], reference: str = "trajectory"
     ``trajectory``: the paper's, one mean over every scored turn of the trajectory. ``causal``: the mean over the
     scored turns up to and including this one, so a turn's term does not depend on the turns its choice leads to
     (the first scored turn's term is 0)."""
-    scored = [q for q in q_turns if q is not None]
     if reference == "trajectory":
+        scored = [q for q in q_turns if q is not None]
         # Eq. (Q_bar): mean compression quality over the trajectory's scored turns
         q_bar = sum(scored) / len(scored) if scored else 0.0
         return [None if q is None else q_bar for q in q_turns]
