@@ -45,17 +45,18 @@ WEIGHTS = (0.0, 0.2)
 def cold_start_model(overrides: list[str]) -> Path:
     """The Stage 1 model for these settings (cached where ``python -m ziprl.launch`` caches it), built if missing."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import run_sft, stage1_dir
+    from ziprl.learner.sft import run_sft, stage1_dir, stage1_lock
 
     cfg = load_config(None, overrides)
     root = stage1_dir(cfg)
-    if (root / "model" / "config.json").is_file():
-        return root / "model"
-    cfg.demos.out = str(root / "demos.parquet")
-    demos, counts = build_demos(cfg)
-    print(f"[hrr_vs_grpo] Stage 1: {counts['kept']} demo episodes, {counts['transitions']} transitions; SFT",
-          flush=True)
-    return run_sft(cfg, demos, root)
+    with stage1_lock(root):
+        if (root / "model" / "config.json").is_file():
+            return root / "model"
+        cfg.demos.out = str(root / "demos.parquet")
+        demos, counts = build_demos(cfg)
+        print(f"[hrr_vs_grpo] Stage 1: {counts['kept']} demo episodes, {counts['transitions']} transitions; SFT",
+              flush=True)
+        return run_sft(cfg, demos, root)
 
 
 def read_run(run_dir: Path, steps: int) -> list[dict] | None:

@@ -1,7 +1,7 @@
 """Does ZipRL learn? Stage 1, then GRPO + HRR, evaluated on held-out questions (issues 21 and 47).
 
     python benchmarks/learning.py [--task invented|real] [--quick] [--config FILE] [--seeds 0,1,2] [--weights 0,0.2]
-                                  [--steps N] [--demos N]
+                                  [--steps N] [--demos N] [--set SECTION.FIELD=VALUE ...]
                                   [--eval-every K] [--eval-limit 100] [--eval-samples 2 | --greedy]
                                   [--out runs/learning-<task>] [--workers 2] [--name learning_<task>[_quick]]
 
@@ -19,6 +19,8 @@ and sampling seeds (paired); ``--weights`` adds arms (e.g. ``0,0.2,1``: how Q_co
 compared with w = 0. ``--quick`` (the main effect, sized for 40 minutes on 2 cores): Stage 1 from 100 demonstration
 episodes, seed 0 and w = 0.2 only, 5 steps, one greedy sample per held-out question, evaluated at its last step;
 each default can still be given (``--demos``, ``--steps``, ``--eval-samples``), and its runs go to their own ``--out``.
+``--set`` changes the config for Stage 1, the runs and the evaluations alike (e.g. ``learner.hrr_reference=causal``:
+HRR against the mean of the turns so far), except the settings the benchmark gives each run, which are refused.
 
 Evaluation: Stage 1 and every ``--eval-every``-th checkpoint on the first ``--eval-limit`` held-out questions,
 adaptive strategy, ``--eval-samples`` seeded samples per question (``--greedy``: one greedy sample); each records
@@ -60,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, portable, results_name, write_results  # noqa: E402
 from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
+from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 from ziprl.outputs import OutputError, work_dir  # noqa: E402
 
@@ -78,6 +81,13 @@ TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_
                  "step_seconds": "perf/step_seconds"}
 
 
+OWNED = {"learner.hrr_weight": "--weights", "learner.seed": "--seeds", "data.seed": "--seeds",  # set per run/eval
+         "learner.steps": "--steps", "demos.limit": "--demos", "run.checkpoint_every": "--eval-every",
+         "sampling.greedy": "--greedy", "rollout.group_size": "--eval-samples", "run.sft_checkpoint": "--stage1-model",
+         **dict.fromkeys(("data.dataset", "retriever.corpus"), "--task"),
+         **dict.fromkeys(("run.keep_checkpoints", "run.out_dir", "run.resume", "rollout.dynamic_sampling",
+                          "model.path", "model.num_threads"), "")}
+EVAL_SECTIONS = ("env", "retriever", "model", "sampling", "data", "rollout")  # what a held-out evaluation reads
 CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir",  # may differ when a run goes on
                "model.num_threads"}
 
@@ -94,20 +104,21 @@ def stage1(config: Path, overrides: list[str]) -> Path:
     """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing; its weights' sha256 is
     written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import check_weights, run_sft, stage1_dir
+    from ziprl.learner.sft import check_weights, run_sft, stage1_dir, stage1_lock
 
     cfg = load_config(config, overrides)
     root = stage1_dir(cfg)
-    if not (root / "model" / "config.json").is_file():
-        cfg.demos.out = str(root / "demos.parquet")
-        demos, counts = build_demos(cfg)
-        (root / "demos_counts.json").write_text(json.dumps(counts))
-        log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
-            "transitions; SFT")
-        t0 = time.perf_counter()
-        run_sft(cfg, demos, root)
-        (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
-    check_weights(root / "model")
+    with stage1_lock(root):
+        if not (root / "model" / "config.json").is_file():
+            cfg.demos.out = str(root / "demos.parquet")
+            demos, counts = build_demos(cfg)
+            (root / "demos_counts.json").write_text(json.dumps(counts))
+            log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
+                "transitions; SFT")
+            t0 = time.perf_counter()
+            run_sft(cfg, demos, root)
+            (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+        check_weights(root / "model")
     return root / "model"
 
 
@@ -286,13 +297,18 @@ class EvalSpec:
     corpus: Path
     samples: int
     greedy: bool
+    overrides: tuple[str, ...] = ()  # --set
 
     def settings(self, model: Path) -> dict:
-        """What an evaluation of ``model`` is valid for: the weights, the questions, the config and the sampling."""
+        """What an evaluation of ``model`` is valid for: the weights, the questions, the sampling and the config
+        sections evaluation reads (another learner setting leaves a Stage-1 evaluation valid)."""
         from ziprl.learner.sft import weights_sha256
 
+        resolved = load_config(self.config, list(self.overrides)).to_dict()
+        config = json.dumps({k: resolved[k] for k in EVAL_SECTIONS}, sort_keys=True, default=str)
         return {"weights_sha256": weights_sha256(model), "held_out_sha256": file_sha256(self.held_out),
-                "config_sha256": file_sha256(self.config), "samples": self.samples, "greedy": self.greedy}
+                "eval_config_sha256": hashlib.sha256(config.encode()).hexdigest(), "samples": self.samples,
+                "greedy": self.greedy}
 
     def command(self, model: Path, cache: Path, threads: int = 1) -> list[str]:
         """The worker process that evaluates ``model`` into ``cache`` on ``threads`` torch threads (:func:`evaluate`)."""
@@ -307,7 +323,7 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path, threads: int = 1) -> dict
     from ziprl.evaluation.harness import load_eval_setup, run_strategy
     from ziprl.paths import atomic_write_json
 
-    cfg = load_config(spec.config, [f"model.path={model}", f"data.dataset={spec.held_out}",
+    cfg = load_config(spec.config, [*spec.overrides, f"model.path={model}", f"data.dataset={spec.held_out}",
                                     f"retriever.corpus={spec.corpus}", f"rollout.group_size={spec.samples}",
                                     "rollout.dynamic_sampling=false", f"sampling.greedy={str(spec.greedy).lower()}", "data.seed=0",
                                     f"model.num_threads={threads}"])
@@ -527,6 +543,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
     ap.add_argument("--name", type=results_name, help="results file prefix under benchmarks/results/ (default: learning_<task>, "
                     "+ _quick with --quick; a partial run under another name leaves the full run's results alone)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="a config override for Stage 1, the runs and the evaluations, e.g. learner.hrr_reference=causal "
+                         "(repeatable); give a new --out with it")
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)  # one evaluation, in a worker process (EvalSpec.command)
     args = ap.parse_args(argv)
     args.config = Path(args.config or TASKS[args.task])
@@ -549,6 +568,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--demos {args.demos}: give a number of demonstration episodes, or 0 for all")
     if args.eval_limit < 1 or args.eval_samples < 1:
         ap.error("--eval-limit and --eval-samples must be >= 1")
+    for o in args.set:
+        key = o.partition("=")[0].strip()
+        if key in OWNED:
+            ap.error(f"--set {o}: the benchmark sets {key} for each run" + (f"; use {OWNED[key]}" if OWNED[key] else ""))
+    try:
+        load_config(args.config, args.set)
+    except (UserError, OSError) as exc:
+        ap.error(f"--set / --config: {exc}")
     return args
 
 
@@ -562,7 +589,8 @@ def main() -> None:
     args = parse_args()
     if args.eval_one:
         job = json.loads(args.eval_one)
-        spec = EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"], job["greedy"])
+        spec = EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"], job["greedy"],
+                        tuple(job["overrides"]))
         evaluate(spec, Path(job["model"]), Path(job["cache"]), job["threads"])
         return
     try:  # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
@@ -570,13 +598,13 @@ def main() -> None:
     except OutputError as exc:
         raise SystemExit(f"error: {exc}") from None
     t0, config, seeds = time.perf_counter(), args.config, args.seeds
-    demos = [] if args.demos is None else [f"demos.limit={args.demos}"]
+    demos = [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])]
     model = Path(args.stage1_model) if args.stage1_model else stage1(config, demos)
     log(f"Stage-1 model: {model}")
     if args.stage1_only:
         return
     train_path, held_path, corpus = split_questions(args.task, out, args.eval_limit)
-    spec = EvalSpec(config, held_path, corpus, args.eval_samples, args.greedy)
+    spec = EvalSpec(config, held_path, corpus, args.eval_samples, args.greedy, tuple(args.set))
     demo_questions = check_demos_disjoint(model, held_path)
     steps = args.steps or load_config(config, []).learner.steps
     every = args.eval_every or (steps if args.quick else max(1, steps // 2))
@@ -585,7 +613,7 @@ def main() -> None:
     arms = {f"w{w:g}_seed{s}": (w, s) for s in seeds for w in weights}  # seed-major: each seed's pair side by side
     jobs, cache_dir = [], out / "eval"
     for name, (w, seed) in arms.items():
-        overrides = [f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
+        overrides = [*args.set, f"data.dataset={train_path}", f"retriever.corpus={corpus}", f"learner.hrr_weight={w}",
                      f"learner.seed={seed}", f"data.seed={seed}", f"learner.steps={steps}",
                      f"run.sft_checkpoint={model}", f"run.checkpoint_every={every}",
                      "run.keep_checkpoints=0"]

@@ -343,6 +343,33 @@ def test_an_evaluation_is_redone_when_the_weights_it_scored_change(learning, tmp
         cmd[cmd.index("--eval-one") + 1])
 
 
+def test_an_evaluation_stays_valid_under_a_learner_setting_and_not_under_an_env_one(learning, tmp_path):
+    """The evaluation cache is keyed by the config sections evaluation reads: ``--set learner.hrr_reference=causal``
+    leaves Stage 1's held-out evaluation valid (no second 40-minute run of it); an env setting does not."""
+    from ziprl.config import load_config
+
+    held = tmp_path / "heldout.jsonl"
+    held.write_text('{"id": "q1", "question": "?", "answers": ["a"]}\n')
+    model = _model(tmp_path / "m", b"weights")
+    base = learning.EvalSpec(learning.TASKS["invented"], held, tmp_path / "corpus.jsonl", 2, False)
+    causal = learning.EvalSpec(base.config, held, base.corpus, 2, False, ("learner.hrr_reference=causal",))
+    turns = learning.EvalSpec(base.config, held, base.corpus, 2, False, ("env.max_turns=3",))
+    assert causal.settings(model) == base.settings(model)
+    assert turns.settings(model) != base.settings(model)
+    assert set(learning.EVAL_SECTIONS) < set(load_config(None, []).to_dict())
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ("learner.hrr_weight=1", "use --weights"), ("learner.seed=3", "use --seeds"), ("model.path=x", "for each run"),
+    ("learner.nope=1", "LearnerConfig has no field 'nope'"), ("learner.hrr_reference=bogus", "trajectory or causal")])
+def test_a_bad_or_benchmark_owned_set_is_refused_before_anything_runs(learning, tmp_path, capsys, given, named):
+    with pytest.raises(SystemExit) as exc:
+        learning.parse_args(["--set", given, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path):
     evals = {"stage1": _eval(learning, [0.0, 0.1, 0.2, 0.3])} | {
         learning.eval_key(0.2, 0, k): _eval(learning, [0.5, 0.6, 0.7, 0.8]) for k in (1, 2)}
@@ -445,7 +472,8 @@ def test_a_question_file_of_another_out_with_the_same_bytes_is_the_same_setting(
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,
     rollouts answer every held-out question right after RL and wrong before. Every goal on held-out F1 is met;
-    the results name the task, the weights of each evaluation and the step curve."""
+    the results name the task, the weights of each evaluation and the step curve. A ``--set`` reaches Stage 1, every
+    run and every evaluation."""
     from ziprl.env.trajectory import Trajectory
     from ziprl.evaluation import harness
 
@@ -471,15 +499,20 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
                  for i in range(3) for k in range(cfg.rollout.group_size)]
         return {"f1": right, "em": right, "format_error_rate": 0.0, "seconds": 0.0}, trajs
 
+    sets = [] if quick else ["learner.hrr_reference=causal"]
+    commands = []
+
     def parallel(jobs, workers, logs):
         for job in jobs:  # in list order, which puts each run before the evaluations that come after it
             name, cmd = job.name, job.command(1)
             if cmd is None:
                 continue
+            commands.append(cmd)
             if name.startswith("eval_"):
                 job = json.loads(cmd[-1])
+                assert job["overrides"] == sets
                 spec = learning.EvalSpec(*(Path(job[k]) for k in ("config", "held_out", "corpus")), job["samples"],
-                                         job["greedy"])
+                                         job["greedy"], tuple(job["overrides"]))
                 learning.evaluate(spec, Path(job["model"]), Path(job["cache"]))
             else:
                 run = Path(cmd[cmd.index("--out") + 1])
@@ -492,7 +525,7 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
     monkeypatch.setattr(harness, "run_strategy", rollout)
     monkeypatch.setattr(sys, "argv", ["learning.py", "--task", "real", "--steps", "2", "--eval-every", "1",
                                       "--eval-limit", "3", "--out", str(out),
-                                      *(["--quick"] if quick else ["--seeds", "0,1"])])
+                                      *(["--quick"] if quick else ["--seeds", "0,1", "--set", *sets])])
     learning.main()
     name = "learning_real_quick" if quick else "learning_real"
     goals = json.loads((tmp_path / "results" / f"{name}_goals.json").read_text())
@@ -500,7 +533,11 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
     assert met[:3] == [True, True, True]
     assert met[3:] == ([None] if quick else [False, True, True])  # HRR = GRPO: Q_com not higher
     assert goals["meta"]["seeds"] == ([0] if quick else [0, 1])
-    assert built == ([["demos.limit=100"]] if quick else [[]])
+    assert built == ([["demos.limit=100"]] if quick else [sets])
+    runs = [c for c in commands if "ziprl.train" in c]
+    assert len(runs) == (1 if quick else 4) and all(
+        [c[i + 1] for i, a in enumerate(c) if a == "--set"][:len(sets)] == sets for c in runs)
+    assert goals["meta"]["settings"]["learner"]["hrr_reference"] == ("trajectory" if quick else "causal")
     assert goals["meta"]["settings"]["demos"]["limit"] == (100 if quick else 0)
     assert (goals["meta"]["eval_samples"], goals["meta"]["greedy"]) == ((1, True) if quick else (2, False))
     assert goals["config"]["path"] == "configs/learn-cpu.yaml"

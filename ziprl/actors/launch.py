@@ -25,7 +25,7 @@ from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
 from ziprl.env.demos import build_demos
 from ziprl.learner.checkpoint import resumed_learner
-from ziprl.learner.sft import stage1_dir
+from ziprl.learner.sft import stage1_dir, stage1_lock
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
 from ziprl.retrieval.datasets import load_questions, retriever_config_for
@@ -37,35 +37,36 @@ def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None, LearnerGroup | None
     """Demo synthesis + SFT (on the learner ranks, which build their trainer while the demos are made), cached;
     returns the SFT model directory, whether the SFT learner computed in bf16 (None when the cache answered) and
     the ranks when Stage 2 goes on with them (:func:`keeps_ranks`; None when the cache answered)."""
-    cached = cached_stage1(cfg)
-    if cached is not None:
-        print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)
-        return cached, None, None
     root = stage1_dir(cfg)
-    cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
-    # the ranks start and build their trainer while this process makes the demos; every path out of this block waits
-    # for them (a thread left running could act on a Ray the launch has stopped, or start a new one)
-    with ThreadPoolExecutor(1) as pool:
-        starting = pool.submit(sft_group, cfg1)
+    with stage1_lock(root):  # a second launch of the same settings waits for this build, then reuses it
+        cached = cached_stage1(cfg)
+        if cached is not None:
+            print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)
+            return cached, None, None
+        cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
+        # the ranks start and build their trainer while this process makes the demos; every path out of this block waits
+        # for them (a thread left running could act on a Ray the launch has stopped, or start a new one)
+        with ThreadPoolExecutor(1) as pool:
+            starting = pool.submit(sft_group, cfg1)
+            try:
+                t0 = time.perf_counter()
+                path, counts = build_demos(cfg1)
+                print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
+                      f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    starting.result()[0].shutdown()
+                raise
+            group, bf16 = starting.result()
         try:
-            t0 = time.perf_counter()
-            path, counts = build_demos(cfg1)
-            print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
-                  f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
+            model = Path(group.call("sft", str(path), str(root)))
         except BaseException:
-            with contextlib.suppress(Exception):
-                starting.result()[0].shutdown()
+            group.shutdown()
             raise
-        group, bf16 = starting.result()
-    try:
-        model = Path(group.call("sft", str(path), str(root)))
-    except BaseException:
+        if keeps_ranks(cfg):
+            return model, bf16, group
         group.shutdown()
-        raise
-    if keeps_ranks(cfg):
-        return model, bf16, group
-    group.shutdown()
-    return model, bf16, None
+        return model, bf16, None
 
 
 def keeps_ranks(cfg: ZipRLConfig) -> bool:
