@@ -45,11 +45,12 @@ WEIGHTS = (0.0, 0.2)
 def cold_start_model(overrides: list[str]) -> Path:
     """The Stage 1 model for these settings (cached where ``python -m ziprl.launch`` caches it), built if missing."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import run_sft, stage1_dir, stage1_lock
+    from ziprl.learner.sft import run_sft, stage1_dir
+    from ziprl.outputs import locked
 
     cfg = load_config(None, overrides)
     root = stage1_dir(cfg)
-    with stage1_lock(root):
+    with locked(root, wait=True):
         if (root / "model" / "config.json").is_file():
             return root / "model"
         cfg.demos.out = str(root / "demos.parquet")

@@ -104,11 +104,12 @@ def stage1(config: Path, overrides: list[str]) -> Path:
     """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing; its weights' sha256 is
     written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import check_weights, run_sft, stage1_dir, stage1_lock
+    from ziprl.learner.sft import check_weights, run_sft, stage1_dir
+    from ziprl.outputs import locked
 
     cfg = load_config(config, overrides)
     root = stage1_dir(cfg)
-    with stage1_lock(root):
+    with locked(root, wait=True):
         if not (root / "model" / "config.json").is_file():
             cfg.demos.out = str(root / "demos.parquet")
             demos, counts = build_demos(cfg)

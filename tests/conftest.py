@@ -135,3 +135,49 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+_HOLD = """import sys, pathlib
+from ziprl.outputs import locked
+with locked(pathlib.Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def lock_holder():
+    """``with lock_holder(path) as pid``: another process holds :func:`ziprl.outputs.locked` on ``path`` until the
+    block ends."""
+    import contextlib
+    import subprocess
+    import sys
+
+    @contextlib.contextmanager
+    def hold(path: Path):
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            yield holder.pid
+        finally:
+            holder.communicate("")
+
+    return hold
+
+
+@pytest.fixture
+def waiting_for(capsys):
+    """``waiting_for(thread, pid)``: stderr until ``thread`` says it waits for process ``pid``, or ends (bounded: a
+    failure never hangs the suite)."""
+
+    def wait(thread, pid: int) -> str:
+        said = ""
+        for _ in range(6000):
+            said += capsys.readouterr().err
+            if f"waiting for process {pid}" in said or not thread.is_alive():
+                break
+            thread.join(0.01)
+        return said
+
+    return wait

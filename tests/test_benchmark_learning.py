@@ -573,6 +573,37 @@ def test_the_stage1_cache_is_keyed_by_the_demonstration_data(tmp_path):
     assert first.parent == tmp_path / "cache" / "stage1"
 
 
+def test_a_second_stage1_build_waits_for_the_first_and_reuses_its_model(learning, tmp_path, monkeypatch, lock_holder,
+                                                                        waiting_for):
+    """Two benchmarks (or launches) that need one Stage 1: while another process builds it (holds the directory's
+    lock) this one waits, then takes the model that one left, building nothing and writing over nothing."""
+    import threading
+
+    from ziprl.config import load_config
+    from ziprl.env import demos
+    from ziprl.learner import sft
+
+    qa = '{"id": "q1", "question": "Who?", "answers": ["Ann"]}\n'
+    cfg = _demo_cfg(tmp_path, qa, '{"id": "d1", "title": "T", "text": "Ann did."}\n')
+    overrides = [f"demos.datasets=[{tmp_path / 'qa.jsonl'}]", f"model.cache_dir={tmp_path / 'cache'}"]
+    root = sft.stage1_dir(cfg)
+    assert sft.stage1_dir(load_config(None, overrides)) == root
+    built = []
+    monkeypatch.setattr(demos, "build_demos", lambda cfg: built.append("demos"))
+    monkeypatch.setattr(sft, "run_sft", lambda *a: built.append("sft"))
+    found: list[Path] = []
+    with lock_holder(root) as pid:
+        waiter = threading.Thread(target=lambda: found.append(learning.stage1(None, overrides)))
+        waiter.start()
+        waiting_for(waiter, pid)
+        assert waiter.is_alive()
+        _model(root / "model", b"the first one's weights")
+    waiter.join(60)
+    assert found == [root / "model"]
+    assert built == []
+    assert (root / "model.sha256").is_file()
+
+
 def test_stage1_weights_are_recorded_beside_the_model_and_checked(tmp_path):
     from ziprl.learner.sft import Stage1CacheError, check_weights, weights_sha256
 

@@ -4,7 +4,6 @@ exit code 2 and every file left as it was; paths normalised; links refused; a lo
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -78,51 +77,30 @@ def test_a_new_path_through_a_missing_folder_is_written_where_it_resolves(work):
     assert plan_run_dir("nosuch/../run", resume=False, overwrite=False).out == work / "run"
 
 
-HOLD = """import sys, pathlib
-from ziprl.outputs import locked
-with locked(pathlib.Path(sys.argv[1])):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
-def test_a_second_process_is_refused_with_the_holders_pid(work, capsys, no_models):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(work / "run")], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert holder.stdout.readline() == "held\n"
+def test_a_second_process_is_refused_with_the_holders_pid(work, capsys, no_models, lock_holder):
+    with lock_holder(work / "run") as pid:
         assert train.main(["--out", "run"]) == 2
         err = capsys.readouterr().err
-        assert f"is in use by process {holder.pid}" in err
+        assert f"is in use by process {pid}" in err
         assert sorted(os.listdir(work / "run")) == [LOCK]  # the second one wrote nothing
-    finally:
-        holder.communicate("")
     with locked(work / "run"):  # released when the holder ended
         pass
 
 
-def test_a_library_build_waits_for_the_one_under_way_and_reuses_it(work, capsys):
+def test_a_library_build_waits_for_the_one_under_way_and_reuses_it(work, lock_holder, waiting_for):
     """The replicas of a retriever deployment all build a missing index: one builds, the others wait for it."""
     import threading
 
     c, v = corpus(work / "c.jsonl"), vectors(work / "v.npy")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(work / "idx")], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
     results: list[object] = []
-    try:
-        assert holder.stdout.readline() == "held\n"
-        with pytest.raises(OutputError, match=f"in use by process {holder.pid}"):
+    with lock_holder(work / "idx") as pid:
+        with pytest.raises(OutputError, match=f"in use by process {pid}"):
             build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False, wait=False)
         waiter = threading.Thread(target=lambda: results.append(
             build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False)))
         waiter.start()
-        for _ in range(6000):  # until it waits (bounded: a failure never hangs the suite)
-            if f"waiting for process {holder.pid}" in capsys.readouterr().err or not waiter.is_alive():
-                break
-            waiter.join(0.01)
+        waiting_for(waiter, pid)
         assert waiter.is_alive()
-    finally:
-        holder.communicate("")
     waiter.join()
     assert results == [work / "idx"]
     assert read_marker(work / "idx")["kind"] == "index"

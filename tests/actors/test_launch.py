@@ -207,3 +207,28 @@ def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path,
     assert sorted(done) == ["deploy", "ranks"]
     assert not ray.is_initialized()
     assert not [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]
+
+
+def test_a_second_launch_waits_for_the_stage1_build_under_way_and_reuses_it(tmp_path, monkeypatch, lock_holder,
+                                                                             waiting_for):
+    """Two launches of one configuration: while another process builds its Stage 1 (holds the cache directory's
+    lock), this one waits, then reuses that model; it starts no SFT ranks and makes no demos of its own."""
+    from ziprl.actors import launch as launch_module
+    from ziprl.learner.sft import stage1_dir
+
+    def fail(*args):
+        raise AssertionError("built Stage 1 a second time")
+
+    monkeypatch.setattr(launch_module, "build_demos", fail)
+    monkeypatch.setattr(launch_module, "sft_group", fail)
+    cfg = load_config(None, [f"model.cache_dir={tmp_path / 'cache'}"])
+    root, found = stage1_dir(cfg), []
+    with lock_holder(root) as pid:
+        waiter = threading.Thread(target=lambda: found.append(launch_module.run_stage1(cfg)))
+        waiter.start()
+        waiting_for(waiter, pid)
+        assert waiter.is_alive()
+        (root / "model").mkdir()
+        (root / "model" / "config.json").write_text("{}")
+    waiter.join(60)
+    assert found == [(root / "model", None, None)]

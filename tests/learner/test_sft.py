@@ -151,39 +151,3 @@ def test_length_grouped_steps_cover_every_row_once_and_pad_little():
     assert padded < 0.8 * plain  # grouped rows pad far less than a plain shuffle
     assert steps != sorted(steps, key=lambda s: lengths[s[0]])  # the steps are not in length order
 
-
-def test_a_second_stage1_build_waits_for_the_first(tmp_path, capsys):
-    """Two builders of one Stage-1 cache (two threads: each opens the lock file, so they contend as two processes
-    do): the second enters only after the first has left, and says that it waits."""
-    import threading
-    import time
-
-    from ziprl.learner.sft import stage1_lock
-
-    root, order = tmp_path / "stage1" / "abc123", []
-    inside, release = threading.Event(), threading.Event()
-
-    def build(name: str, hold: threading.Event | None) -> None:
-        with stage1_lock(root):
-            order.append(f"{name} in")
-            if hold is not None:
-                inside.set()
-                hold.wait(30)
-            order.append(f"{name} out")
-
-    first = threading.Thread(target=build, args=("first", release))
-    first.start()
-    assert inside.wait(30)
-    second = threading.Thread(target=build, args=("second", None))
-    second.start()
-    said, deadline = "", time.monotonic() + 30
-    while "waiting for it" not in said and time.monotonic() < deadline:
-        said += capsys.readouterr().out
-        time.sleep(0.01)
-    assert f"another process is building {root}; waiting for it" in said
-    assert order == ["first in"]
-    release.set()
-    first.join(30)
-    second.join(30)
-    assert order == ["first in", "first out", "second in", "second out"]
-    assert not root.exists()  # the lock lives beside the cache, which only the build creates

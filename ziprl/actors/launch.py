@@ -25,9 +25,10 @@ from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
 from ziprl.env.demos import build_demos
 from ziprl.learner.checkpoint import resumed_learner
-from ziprl.learner.sft import stage1_dir, stage1_lock
+from ziprl.learner.sft import stage1_dir
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
+from ziprl.outputs import locked
 from ziprl.retrieval.datasets import load_questions, retriever_config_for
 from ziprl.rundir import write_config
 from ziprl.tb import MetricsLogger
@@ -38,7 +39,7 @@ def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None, LearnerGroup | None
     returns the SFT model directory, whether the SFT learner computed in bf16 (None when the cache answered) and
     the ranks when Stage 2 goes on with them (:func:`keeps_ranks`; None when the cache answered)."""
     root = stage1_dir(cfg)
-    with stage1_lock(root):  # a second launch of the same settings waits for this build, then reuses it
+    with locked(root, wait=True):  # a second launch of the same settings waits for this build, then reuses it
         cached = cached_stage1(cfg)
         if cached is not None:
             print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)

@@ -8,20 +8,18 @@ response and end-of-turn tokens only, exactly the tokens the policy generates at
 :func:`run_sft` (``python -m ziprl.sft --demos FILE --out DIR``) trains ``sft.epochs`` epochs (``sft.micro_batch``
 rows per optimiser step, lr ``sft.lr``), logs TensorBoard scalars to ``DIR/tb`` and writes the model to
 ``DIR/model``. :func:`stage1_dir` is where ``launch`` caches Stage 1 (demos + SFT) per configuration and
-demonstration data, :func:`stage1_lock` keeps two processes from building one such cache at once, and
+demonstration data (its builders hold :func:`ziprl.outputs.locked` on it, so a second one waits for the first);
 :func:`check_weights` records the sha256 of the weights it built beside them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -209,24 +207,6 @@ def stage1_dir(cfg: ZipRLConfig) -> Path:
                       "env": dataclasses.asdict(cfg.env), "model": cfg.model.path, "seed": cfg.learner.seed,
                       "retriever": dataclasses.asdict(cfg.retriever), "data": demo_data_sha256(cfg)}, sort_keys=True)
     return cache_root(cfg.model.cache_dir) / "stage1" / hashlib.sha256(key.encode()).hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def stage1_lock(root: Path) -> Iterator[None]:
-    """Hold ``<root>.lock`` (beside ``root``) while Stage 1 is looked up and built in ``root``: a second process
-    that would build the same cache waits for the first, then finds its model, instead of writing over its demos
-    and weights."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"[stage1] another process is building {root}; waiting for it", flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def demo_data_sha256(cfg: ZipRLConfig) -> str:
