@@ -64,7 +64,7 @@ from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa:
 
 from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
-from ziprl.outputs import OutputError, work_dir  # noqa: E402
+from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation (task ``real``)
@@ -105,7 +105,6 @@ def stage1(config: Path, overrides: list[str]) -> Path:
     written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
     from ziprl.learner.sft import check_weights, run_sft, stage1_dir
-    from ziprl.outputs import locked
 
     cfg = load_config(config, overrides)
     root = stage1_dir(cfg)
@@ -596,8 +595,14 @@ def main() -> None:
         return
     try:  # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
         out = work_dir(args.out, "bench")
+        with locked(out):  # a second benchmark on this --out is refused, naming the process that holds it
+            run(args, out)
     except OutputError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def run(args: argparse.Namespace, out: Path) -> None:
+    """Stage 1, the RL runs and their evaluations in ``out``, then the results files."""
     t0, config, seeds = time.perf_counter(), args.config, args.seeds
     demos = [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])]
     model = Path(args.stage1_model) if args.stage1_model else stage1(config, demos)

@@ -370,6 +370,18 @@ def test_a_bad_or_benchmark_owned_set_is_refused_before_anything_runs(learning, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_second_benchmark_on_one_out_is_refused_naming_the_first(learning, tmp_path, monkeypatch, capsys,
+                                                                   lock_holder):
+    """Two benchmarks on one --out would start the same runs twice: the second stops before Stage 1, naming the
+    process that holds the directory."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(learning, "stage1", lambda *a: pytest.fail("the second benchmark went on"))
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--out", str(out)])
+    with lock_holder(out) as pid:
+        with pytest.raises(SystemExit, match=f"in use by process {pid}"):
+            learning.main()
+
+
 def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path):
     evals = {"stage1": _eval(learning, [0.0, 0.1, 0.2, 0.3])} | {
         learning.eval_key(0.2, 0, k): _eval(learning, [0.5, 0.6, 0.7, 0.8]) for k in (1, 2)}
