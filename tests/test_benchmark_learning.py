@@ -127,6 +127,9 @@ def test_goals_are_judged_on_the_intervals(stats):
     assert not any(missed.values())
     assert _goal_rows(stats, 0.09, 0.02, [0.1], 0.0)["HRR after RL - Stage 1 >= +0.10 in held-out EM or F1, 95% "
                                                      "interval excluding 0"] is False
+    one_seed = _goal_rows(stats, 0.12, 0.02, [0.1], -0.01, {"q_com": (0.05, 0.01, 0.09), "f1": (0.0, -0.1, 0.1)},
+                          True)
+    assert one_seed["HRR - GRPO Q_com higher"] is False  # one seed's interval holds no seed-to-seed spread
 
 
 def test_quick_goals_leave_hrr_against_grpo_unmeasured(stats):
