@@ -150,4 +150,3 @@ def test_length_grouped_steps_cover_every_row_once_and_pad_little():
     plain = sum(len(s) * max(lengths[i] for i in s) for s in (shuffled[k:k + 8] for k in range(0, 203, 8)))
     assert padded < 0.8 * plain  # grouped rows pad far less than a plain shuffle
     assert steps != sorted(steps, key=lambda s: lengths[s[0]])  # the steps are not in length order
-
