@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, write_results  # noqa: E402
+from learning import stage1  # noqa: E402  (Stage 1, cached and locked as launch caches it)
 
 from ziprl.config import load_config  # noqa: E402
 from ziprl.outputs import OutputError, work_dir  # noqa: E402
@@ -40,24 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = {"reward": "rollout/reward", "q_com": "rollout/q_com", "format_error_rate": "rollout/format_error_rate",
            "zero_variance_frac": "learner/zero_variance_frac"}
 WEIGHTS = (0.0, 0.2)
-
-
-def cold_start_model(overrides: list[str]) -> Path:
-    """The Stage 1 model for these settings (cached where ``python -m ziprl.launch`` caches it), built if missing."""
-    from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import run_sft, stage1_dir
-    from ziprl.outputs import locked
-
-    cfg = load_config(None, overrides)
-    root = stage1_dir(cfg)
-    with locked(root, wait=True):
-        if (root / "model" / "config.json").is_file():
-            return root / "model"
-        cfg.demos.out = str(root / "demos.parquet")
-        demos, counts = build_demos(cfg)
-        print(f"[hrr_vs_grpo] Stage 1: {counts['kept']} demo episodes, {counts['transitions']} transitions; SFT",
-              flush=True)
-        return run_sft(cfg, demos, root)
 
 
 def read_run(run_dir: Path, steps: int) -> list[dict] | None:
@@ -147,15 +130,15 @@ def main() -> None:
     else:
         # Small settings for a 2-core CPU: short observations, F1 reward (denser than EM for a 135M model).
         env = [f"env.max_turns={args.max_turns}", "env.top_k=3", "env.open_max_chars=1200", "env.reward=f1"]
-        stage1 = env + ["demos.datasets=hotpotqa,musique", f"demos.limit={args.demo_limit}"]
+        stage1_overrides = env + ["demos.datasets=hotpotqa,musique", f"demos.limit={args.demo_limit}"]
         base = env + [f"learner.steps={args.steps}", f"data.dataset={args.dataset}", "learner.lr=1e-5",
                       f"rollout.group_size={args.group_size}", "sampling.max_new_tokens=160", "learner.beta=0.001"]
         t0 = time.perf_counter()
-        model = Path(args.sft_checkpoint) if args.sft_checkpoint else cold_start_model(stage1)
+        model = Path(args.sft_checkpoint) if args.sft_checkpoint else stage1(None, stage1_overrides)
         t_sft = time.perf_counter() - t0
         by_seed = [{w: run_one(s, w, model, base, out) for w in WEIGHTS} for s in seeds]  # seed-major: pairs finish together
         runs = {w: [r[w] for r in by_seed] for w in WEIGHTS}
-        meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base, "stage1": stage1,
+        meta = {"steps": args.steps, "seeds": seeds, "dataset": args.dataset, "settings": base, "stage1": stage1_overrides,
                 "model": args.sft_checkpoint or f"<ZIPRL_CACHE>/stage1/{model.parent.name}/model",
                 "stage1_seconds": t_sft}
     curves = {m: {f"{w:g}": [[s[m] for s in r] for r in per_w] for w, per_w in runs.items()} for m in METRICS}

@@ -100,7 +100,7 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def stage1(config: Path, overrides: list[str]) -> Path:
+def stage1(config: Path | None, overrides: list[str]) -> Path:
     """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing; its weights' sha256 is
     written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
