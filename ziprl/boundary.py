@@ -153,9 +153,9 @@ def run_command(main: Callable[[list[str]], int | None]) -> Callable[[list[str] 
             code = main(args) or 0
             sys.stdout.flush()
             return code
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or a run stopped by a signal (its exit_code: 128 + the signal)
             print("interrupted", file=sys.stderr)
-            return 130
+            return getattr(exc, "exit_code", 130)
         except Exception as exc:
             if getattr(exc, "filename", None) == STDOUT:
                 _drop_stdout(stdout)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from tests.conftest import requires_cpu_bf16
 from ziprl.env.trajectory import load_trajectories
 from ziprl.testing.learner import requires_deepspeed
-from ziprl.testing.loop import train_cfg
+from ziprl.testing.loop import TRAIN_SETS, train_cfg
 
 pytestmark = [pytest.mark.slow, requires_deepspeed]
 
@@ -38,6 +42,30 @@ def test_resumed_run_continues_where_the_straight_run_goes(tiny_model_dir, tmp_p
     ckpts = tmp_path / "b" / "checkpoints"
     assert (ckpts / "latest").read_text().strip().startswith("step_3-")
     assert (tmp_path / "b" / "tb").is_dir()
+
+
+def test_sigterm_stops_the_command_with_a_checkpoint_of_its_last_step_that_resumes(tiny_model_dir, tmp_path):
+    """``python -m ziprl.train`` on SIGTERM (a scheduler's or Ray's stop): exit 143 with a checkpoint of the last step
+    it logged (none is due: run.checkpoint_every is past the run), and ``--resume`` goes on from it."""
+    out, metrics = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
+    command = [sys.executable, "-m", "ziprl.train", "--sft-checkpoint", str(tiny_model_dir), "--out", str(out),
+               *(a for s in [*TRAIN_SETS, "run.checkpoint_every=1000"] for a in ("--set", s))]
+    proc = subprocess.Popen([*command, "--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while not (metrics.is_file() and metrics.read_text().strip()):  # a step is done: the loop is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 143, output
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 200
+    assert f"stopped at step {steps[-1]}: checkpoint" in output
+    assert (out / "checkpoints" / "latest").read_text().strip().startswith(f"step_{steps[-1]}-")
+
+    again = subprocess.run([*command, "--resume", "--steps", str(steps[-1] + 1)], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, steps[-1] + 2))
 
 
 @requires_cpu_bf16

@@ -3,77 +3,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ziprl.config import load_config
-from ziprl.env.group import Group
-from ziprl.env.trajectory import Trajectory, Turn
-from ziprl.loop.source import Completion
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
 from ziprl.retrieval.types import QAExample
-from ziprl.testing.loop import RecordingLogger
+from ziprl.testing.loop import CountingLearner, OneWorker, RecordingLogger, RecordingPush
 
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(6)]
-
-
-class OneWorker:
-    """A rollout source that only runs rollouts: each job returns G one-turn trajectories of the pushed version."""
-
-    num_workers, questions_per_call = 1, 2
-
-    def __init__(self, push: RecordingPush):
-        self.push, self.jobs = push, []
-
-    def submit(self, worker, ticket, examples, seed):
-        self.jobs.append((ticket, examples))
-
-    def wait(self):
-        ticket, examples = self.jobs.pop(0)
-        groups = [Group(tuple(Trajectory(question_id=ex.id, question=ex.question, answers=ex.answers,
-                                         group_id=f"{ticket}.{ex.id}", sample_index=s, policy_version=self.push.version,
-                                         reward=float(s), turns=[Turn(prompt_ids=[1], response_ids=[2], logprobs=[-0.5])])
-                              for s in range(2)))
-                  for ex in examples]
-        return [Completion(ticket, groups, {"tokens": 2.0, "gen_seconds": 0.1})]
-
-    def idle_probe(self):
-        running = bool(self.jobs)  # a job submitted and not yet collected counts as running
-        return lambda: not running
-
-    def close(self):
-        pass
-
-
-class RecordingPush:
-    def __init__(self):
-        self.version, self.pushed = 0, []
-
-    def push(self, version):
-        self.version = version
-        self.pushed.append(version)
-        return {"seconds": 0.0, "bytes": 8.0}
-
-    def close(self):
-        pass
-
-
-class CountingLearner:
-    def __init__(self, version=0):
-        self.version, self.trained, self.idle = version, [], []
-
-    def train_step(self, groups, rollouts_idle=None):
-        self.trained.append({g.version for g in groups})
-        self.idle.append(rollouts_idle())
-        self.version += 1
-        return {"loss": 0.0}
-
-    def save_checkpoint(self, out_dir: Path, position, background=False):
-        self.saves = [*getattr(self, "saves", []), background]
-        return str(out_dir)
-
-    def load_latest(self, out_dir: Path):
-        return None
 
 
 def test_the_loop_pushes_every_new_version_and_trains_on_it(tmp_path):

@@ -36,6 +36,7 @@ from ziprl.env.stats import trajectory_stats
 from ziprl.learner.advantages import carries_signal
 from ziprl.loop.scheduler import RolloutScheduler
 from ziprl.loop.source import RolloutSource, peak_rss_mb
+from ziprl.loop.stop import Stop, StoppableSource, StopSignals
 from ziprl.loop.stream import QuestionStream
 from ziprl.weights import WeightSender
 
@@ -125,25 +126,31 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     ro = cfg.rollout
     keep = (functools.partial(has_variance, metric=ro.dynamic_sampling_metric, w=cfg.learner.hrr_weight)
             if ro.dynamic_sampling else None)
-    sched = RolloutScheduler(source, stream, cfg.learner.global_batch_questions, cfg.ray.max_staleness,
-                             seed=cfg.learner.seed, version=version, steps=cfg.learner.steps, keep=keep,
-                             max_rounds=ro.max_sample_rounds)
-    if position is not None:
-        sched.restore(position)
-        print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
-    bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not progress)
-    try:
-        metrics = _steps(cfg, learner, push, sched, logger, bar, out)
-    except KeyboardInterrupt:
-        print(f"\n[train] interrupted: checkpoint {learner.save_checkpoint(out, sched.position)}", flush=True)
-        raise
-    finally:
-        bar.close()
+    with StopSignals() as stop:
+        sched = RolloutScheduler(StoppableSource(source, stop), stream, cfg.learner.global_batch_questions,
+                                 cfg.ray.max_staleness, seed=cfg.learner.seed, version=version, steps=cfg.learner.steps,
+                                 keep=keep, max_rounds=ro.max_sample_rounds)
+        if position is not None:
+            sched.restore(position)
+            print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
+        bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not progress)
+        try:
+            metrics = _steps(cfg, learner, push, sched, logger, bar, out, stop)
+        except Stop as exc:
+            if exc.checkpoint:
+                print(f"\n[train] stopped at step {learner.version}: checkpoint "
+                      f"{learner.save_checkpoint(out, sched.position)}", flush=True)
+            else:
+                print(f"\n[train] stopped without a checkpoint of this step; --resume continues from the last one in "
+                      f"{out / 'checkpoints'}", flush=True)
+            raise
+        finally:
+            bar.close()
     return metrics
 
 
 def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: RolloutScheduler, logger: Any,
-           bar: tqdm, out: Path) -> dict[str, float]:
+           bar: tqdm, out: Path, stop: StopSignals) -> dict[str, float]:
     metrics: dict[str, float] = {}
     version, t_step = learner.version, time.perf_counter()
     while version < cfg.learner.steps:
@@ -176,6 +183,7 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: Rollou
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}",
                         loss=f"{learn.get('loss', float('nan')):.4f}", buffered=int(system["groups_buffered"]))
+        stop.check()  # a SIGINT or SIGTERM since the wait for this batch stops the run here
     return metrics
 
 

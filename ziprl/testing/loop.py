@@ -1,26 +1,29 @@
-"""The loop tests' inputs: a short single-process training config, fifty questions, and rollout workers that finish
-jobs in random order and sometimes die."""
+"""The loop tests' inputs: a short single-process training config, fifty questions, rollout workers that finish
+jobs in random order and sometimes die, and a one-worker source, weight push and learner that record what they do."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from ziprl.config import ZipRLConfig, load_config
 from ziprl.env.group import Group
-from ziprl.env.trajectory import Trajectory
+from ziprl.env.trajectory import Trajectory, Turn
 from ziprl.loop.source import Completion
 from ziprl.retrieval.types import QAExample
 
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(50)]
 
 
+TRAIN_SETS = ["rollout.group_size=2", "learner.global_batch_questions=2", "env.max_turns=2", "sampling.max_new_tokens=8",
+              "model.device=cpu", "learner.beta=0.001", "data.limit=5"]
+
+
 def train_cfg(model, out, steps, resume=False) -> ZipRLConfig:
-    """``steps`` steps of ``python -m ziprl.train`` on CPU from ``model`` into ``out``: 2 questions of 2, 2 turns."""
-    return load_config(None, [
-        f"run.sft_checkpoint={model}", f"run.out_dir={out}", f"learner.steps={steps}", f"run.resume={resume}",
-        "rollout.group_size=2", "learner.global_batch_questions=2", "env.max_turns=2", "sampling.max_new_tokens=8",
-        "model.device=cpu", "learner.beta=0.001", "data.limit=5",
-    ])
+    """``steps`` steps of ``python -m ziprl.train`` on CPU from ``model`` into ``out``: 2 questions of 2, 2 turns
+    (``TRAIN_SETS``)."""
+    return load_config(None, [f"run.sft_checkpoint={model}", f"run.out_dir={out}", f"learner.steps={steps}",
+                              f"run.resume={resume}", *TRAIN_SETS])
 
 
 class SimulatedSource:
@@ -71,3 +74,62 @@ class RecordingLogger:
 
     def log(self, step, metrics):
         self.steps.append((step, metrics))
+
+
+class OneWorker:
+    """A rollout source that only runs rollouts: each job returns G one-turn trajectories of the pushed version."""
+
+    num_workers, questions_per_call = 1, 2
+
+    def __init__(self, push: RecordingPush):
+        self.push, self.jobs = push, []
+
+    def submit(self, worker, ticket, examples, seed):
+        self.jobs.append((ticket, examples))
+
+    def wait(self):
+        ticket, examples = self.jobs.pop(0)
+        groups = [Group(tuple(Trajectory(question_id=ex.id, question=ex.question, answers=ex.answers,
+                                         group_id=f"{ticket}.{ex.id}", sample_index=s, policy_version=self.push.version,
+                                         reward=float(s), turns=[Turn(prompt_ids=[1], response_ids=[2], logprobs=[-0.5])])
+                              for s in range(2)))
+                  for ex in examples]
+        return [Completion(ticket, groups, {"tokens": 2.0, "gen_seconds": 0.1})]
+
+    def idle_probe(self):
+        running = bool(self.jobs)  # a job submitted and not yet collected counts as running
+        return lambda: not running
+
+    def close(self):
+        pass
+
+
+class RecordingPush:
+    def __init__(self):
+        self.version, self.pushed = 0, []
+
+    def push(self, version):
+        self.version = version
+        self.pushed.append(version)
+        return {"seconds": 0.0, "bytes": 8.0}
+
+    def close(self):
+        pass
+
+
+class CountingLearner:
+    def __init__(self, version=0):
+        self.version, self.trained, self.idle = version, [], []
+
+    def train_step(self, groups, rollouts_idle=None):
+        self.trained.append({g.version for g in groups})
+        self.idle.append(rollouts_idle())
+        self.version += 1
+        return {"loss": 0.0}
+
+    def save_checkpoint(self, out_dir: Path, position, background=False):
+        self.saves = [*getattr(self, "saves", []), background]
+        return str(out_dir)
+
+    def load_latest(self, out_dir: Path):
+        return None
