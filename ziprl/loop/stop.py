@@ -49,7 +49,7 @@ class StopSignals:
             for s in SIGNALS:
                 old = signal.getsignal(s)
                 if old is not signal.SIG_IGN:
-                    self._saved[s] = old
+                    self._saved[s] = signal.SIG_DFL if old is None else old  # None: a handler set outside Python
                     signal.signal(s, self._handle)
         return self
 
