@@ -105,6 +105,8 @@ class OneWorker:
 
 
 class RecordingPush:
+    """A weight push that records the versions pushed (and gives :class:`OneWorker` the current one)."""
+
     def __init__(self):
         self.version, self.pushed = 0, []
 
@@ -118,6 +120,9 @@ class RecordingPush:
 
 
 class CountingLearner:
+    """A learner whose step only counts: the versions of the groups it trained on, whether rollouts were idle, and
+    whether each checkpoint was written in the background."""
+
     def __init__(self, version=0):
         self.version, self.trained, self.idle = version, [], []
 
