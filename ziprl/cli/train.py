@@ -7,7 +7,8 @@ For debugging and small runs (the library is :mod:`ziprl.loop.in_process`); ``py
 the same loop (``ziprl.loop.training``) with Ray rollout actors. Stage 2 only: it trains from ``--sft-checkpoint``
 (``run.sft_checkpoint``) or else the base model; it never runs Stage 1 (``launch`` does). The run's configuration
 goes to ``config.json``; each step writes its trajectories (Parquet), TensorBoard scalars and, every
-``run.checkpoint_every`` steps, a checkpoint that ``--resume`` continues from exactly.
+``run.checkpoint_every`` steps (and on SIGINT or SIGTERM, which stop it), a checkpoint that ``--resume`` continues
+from exactly.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ learner ranks) they plug in. Each step: the scheduler hands over ``learner.globa
 the staleness-aware capacity rule, oldest version first), the trajectories are written to
 ``<out>/trajectories/step_<n>.parquet``, the learner takes one optimiser step, the new weights are pushed to
 every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_every`` steps a checkpoint stores
-the weights, optimiser and the data position (question stream + the jobs not yet trained).
+the weights, optimiser and the data position (question stream + the jobs not yet trained). SIGINT and SIGTERM
+stop the loop with such a checkpoint where it is exact (:mod:`ziprl.loop.stop`).
 
 With ``rollout.dynamic_sampling`` (DAPO's dynamic sampling, verl's ``filter_groups``) the scheduler keeps only
 groups whose ``rollout.dynamic_sampling_metric`` varies across their G trajectories (``advantage``: groups in which
