@@ -50,7 +50,8 @@ def test_sigterm_stops_the_command_with_a_checkpoint_of_its_last_step_that_resum
     out, metrics = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
     command = [sys.executable, "-m", "ziprl.train", "--sft-checkpoint", str(tiny_model_dir), "--out", str(out),
                *(a for s in [*TRAIN_SETS, "run.checkpoint_every=1000"] for a in ("--set", s))]
-    proc = subprocess.Popen([*command, "--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([*command, "--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))  # not an inherited SIG_IGN
     deadline = time.monotonic() + 600
     while not (metrics.is_file() and metrics.read_text().strip()):  # a step is done: the loop is under way
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]

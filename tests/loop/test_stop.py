@@ -20,6 +20,22 @@ from ziprl.testing.loop import CountingLearner, OneWorker, RecordingLogger, Reco
 QUESTIONS = [QAExample(id=f"q{i}", question=f"question {i}?", answers=[str(i)]) for i in range(8)]
 
 
+@pytest.fixture(autouse=True)
+def default_handlers():
+    """Each test starts from Python's own handlers, with both signals deliverable, not from what the test process
+    inherited or an earlier test left: a runner started in the background ignores SIGINT (and the loop rightly keeps
+    an ignored signal ignored), and a library may have blocked it."""
+    both = {signal.SIGINT, signal.SIGTERM}
+    old = {s: signal.getsignal(s) for s in both}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, handler in old.items():
+        signal.signal(s, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 class CheckpointingLearner(CountingLearner):
     """Trains (counting), sends itself ``signals`` in the middle of step ``at_step``'s update, and keeps its
     checkpoints (version, position) to resume from."""
