@@ -76,10 +76,9 @@ class StopSignals:
     def at_once(self) -> Iterator[None]:
         """A section a stop may break into (a wait that changes nothing): one requested before or during it is
         raised."""
-        self.check()
         self._at_once = True
         try:
-            self.check()  # one that came between the first check and the flag
+            self.check()  # one requested before the flag was set
             yield
         finally:
             self._at_once = False
