@@ -104,19 +104,24 @@ def stage1(config: Path | None, overrides: list[str]) -> Path:
     """The Stage-1 model for these settings (cached under ``stage1_dir``), built if missing; its weights' sha256 is
     written beside it the first time and checked on every reuse."""
     from ziprl.env.demos import build_demos
-    from ziprl.learner.sft import check_weights, run_sft, stage1_dir
+    from ziprl.learner.sft import check_weights, run_sft, stage1_dir, stage1_resumable
 
     cfg = load_config(config, overrides)
     root = stage1_dir(cfg)
     with locked(root, wait=True):
         if not (root / "model" / "config.json").is_file():
             cfg.demos.out = str(root / "demos.parquet")
-            demos, counts = build_demos(cfg)
-            (root / "demos_counts.json").write_text(json.dumps(counts))
-            log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
-                "transitions; SFT")
+            resume = stage1_resumable(root)  # an SFT a stopped build left continues from its checkpoint
+            if resume:
+                demos = root / "demos.parquet"
+                log(f"Stage 1: continuing the SFT in {root}")
+            else:
+                demos, counts = build_demos(cfg)
+                (root / "demos_counts.json").write_text(json.dumps(counts))
+                log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
+                    "transitions; SFT")
             t0 = time.perf_counter()
-            run_sft(cfg, demos, root)
+            run_sft(cfg, demos, root, resume=resume)
             (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
         check_weights(root / "model")
     return root / "model"

@@ -619,6 +619,36 @@ def test_a_second_stage1_build_waits_for_the_first_and_reuses_its_model(learning
     assert (root / "model.sha256").is_file()
 
 
+def test_a_stage1_build_that_stopped_during_sft_continues_it(learning, tmp_path, monkeypatch):
+    """Demos and an SFT checkpoint but no model (the build was stopped during SFT): the next build makes no demos and
+    resumes that SFT; without a checkpoint it makes the demos and starts the SFT afresh."""
+    from ziprl.env import demos
+    from ziprl.learner import sft
+
+    qa = '{"id": "q1", "question": "Who?", "answers": ["Ann"]}\n'
+    cfg = _demo_cfg(tmp_path, qa, '{"id": "d1", "title": "T", "text": "Ann did."}\n')
+    overrides = [f"demos.datasets=[{tmp_path / 'qa.jsonl'}]", f"model.cache_dir={tmp_path / 'cache'}"]
+    root, built = sft.stage1_dir(cfg), []
+
+    def run_sft(cfg, demos_path, out, resume=False):
+        built.append(("sft", Path(demos_path), resume))
+        _model(Path(out) / "model", b"weights")
+
+    counts = {"kept": 1, "episodes": 1, "transitions": 1}
+    monkeypatch.setattr(demos, "build_demos", lambda cfg: built.append(("demos",)) or (Path(cfg.demos.out), counts))
+    monkeypatch.setattr(sft, "run_sft", run_sft)
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "latest").write_text("step_3-ab")
+    (root / "demos.parquet").write_bytes(b"demos")
+    assert learning.stage1(None, overrides) == root / "model"
+    assert built == [("sft", root / "demos.parquet", True)]
+
+    other = sft.stage1_dir(_demo_cfg(tmp_path, qa.replace("Who?", "Whom?"), "{}"))
+    built.clear()
+    assert learning.stage1(None, overrides) == other / "model"
+    assert built == [("demos",), ("sft", other / "demos.parquet", False)]
+
+
 def test_stage1_weights_are_recorded_beside_the_model_and_checked(tmp_path):
     from ziprl.learner.sft import Stage1CacheError, check_weights, weights_sha256
 

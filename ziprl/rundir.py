@@ -1,5 +1,5 @@
-"""Run directories (kind ``run`` of the output rule, :mod:`ziprl.outputs`): one run per ``out_dir``, continued
-only with ``--resume``, replaced only with ``--overwrite``.
+"""Run directories (kind ``run`` of the output rule, :mod:`ziprl.outputs`, and ``sft``, which checkpoints the same
+way): one run per ``out_dir``, continued only with ``--resume``, replaced only with ``--overwrite``.
 
 :func:`plan_run_dir` checks what the command asks of ``out_dir`` and touches nothing; :func:`claim_run_dir` then
 locks it, checks it again under the lock, deletes, creates and marks it, and holds the lock while its block runs
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +55,15 @@ is_run_entry = entries(*map(re.escape, RUN_FILES[2:] + RUN_DIRS), r"config\.\d{8
 
 @dataclass(frozen=True)
 class RunDirPlan:
-    """What :func:`apply_run_dir` does: empty ``out`` of ``delete`` (a marked run's entries), create and mark it."""
+    """What :func:`apply_run_dir` does: empty ``out`` of ``delete`` (a marked run's entries), create and mark it
+    ``kind`` (whose top-level entries ``owns`` tells)."""
 
     out: Path
     overwrite: bool = False
     delete: tuple[Path, ...] = ()
     resume_from: Path | None = None
+    kind: str = "run"
+    owns: Callable[[str], bool] = is_run_entry
 
 
 def _plan_resume(out: Path, used: bool) -> Path:
@@ -84,8 +87,10 @@ def _plan_resume(out: Path, used: bool) -> Path:
     return ckpt
 
 
-def plan_run_dir(out_dir: str | Path, resume: bool, overwrite: bool) -> RunDirPlan:
-    """Check what a run may do with ``out_dir``, touching nothing; OutputError says what to pass instead.
+def plan_run_dir(out_dir: str | Path, resume: bool, overwrite: bool, kind: str = "run",
+                 owns: Callable[[str], bool] = is_run_entry) -> RunDirPlan:
+    """Check what a run of ``kind`` (writing the entries ``owns`` tells) may do with ``out_dir``, touching nothing;
+    OutputError says what to pass instead.
 
     - missing, empty or holding only a bare marker: a fresh run (``--resume`` then fails: there is nothing to resume);
     - in use: ``--resume`` continues from the checkpoint ``latest`` names (verified), ``--overwrite`` replaces a
@@ -94,11 +99,11 @@ def plan_run_dir(out_dir: str | Path, resume: bool, overwrite: bool) -> RunDirPl
     if resume and overwrite:
         raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or replace the run)")
     if resume:
-        out, used = checked_dir(out_dir, "run")
-        return RunDirPlan(out, resume_from=_plan_resume(out, used))
-    plan = plan_dir(out_dir, "run", overwrite, is_run_entry,
+        out, used = checked_dir(out_dir, kind)
+        return RunDirPlan(out, resume_from=_plan_resume(out, used), kind=kind, owns=owns)
+    plan = plan_dir(out_dir, kind, overwrite, owns,
                     fix="pass --resume to continue that run, --overwrite to replace it, or choose another --out")
-    return RunDirPlan(plan.out, overwrite, plan.delete)
+    return RunDirPlan(plan.out, overwrite, plan.delete, kind=kind, owns=owns)
 
 
 def apply_run_dir(plan: RunDirPlan, command: str | None = None) -> Path | None:
@@ -114,7 +119,7 @@ def apply_run_dir(plan: RunDirPlan, command: str | None = None) -> Path | None:
         clean_orphans(plan.out)
     plan.out.mkdir(parents=True, exist_ok=True)
     if plan.resume_from is None or read_marker(plan.out) is None:  # a resumed run keeps its marker
-        write_marker(plan.out, "run", command)
+        write_marker(plan.out, plan.kind, command)
     return plan.resume_from
 
 
@@ -123,7 +128,8 @@ def claim_run_dir(plan: RunDirPlan, command: str | None = None) -> Iterator[Path
     """Lock ``plan.out`` while the block runs, plan again under the lock and apply that plan; yields the checkpoint
     to resume from (None for a fresh run)."""
     with locked(plan.out):
-        yield apply_run_dir(plan_run_dir(plan.out, plan.resume_from is not None, plan.overwrite), command)
+        yield apply_run_dir(plan_run_dir(plan.out, plan.resume_from is not None, plan.overwrite, plan.kind, plan.owns),
+                            command)
 
 
 def prepare_run_dir(out_dir: str | Path, resume: bool, overwrite: bool, command: str | None = None) -> Path | None:

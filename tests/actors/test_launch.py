@@ -232,3 +232,40 @@ def test_a_second_launch_waits_for_the_stage1_build_under_way_and_reuses_it(tmp_
         (root / "model" / "config.json").write_text("{}")
     waiter.join(60)
     assert found == [(root / "model", None, None)]
+
+
+def test_a_launch_stopped_in_stage1_sft_continues_that_sft_from_its_checkpoint(tmp_path, monkeypatch):
+    """A Stage-1 cache holding demos and an SFT checkpoint but no model (a launch stopped during SFT): the next launch
+    makes no demos and has the ranks resume that SFT, in the dtype its checkpoint was written in."""
+    from ziprl.actors import launch as launch_module
+    from ziprl.learner.sft import stage1_dir
+
+    calls: list[tuple] = []
+
+    class Group:
+        def call(self, method, *args):
+            calls.append((method, *args))
+            return str(root / "model")
+
+        def shutdown(self):
+            calls.append(("shutdown",))
+
+    def group(cfg):
+        calls.append(("ranks", cfg.learner.bf16))
+        return Group(), True
+
+    def fail(*args):
+        raise AssertionError("made the demos again")
+
+    monkeypatch.setattr(launch_module, "build_demos", fail)
+    monkeypatch.setattr(launch_module, "sft_group", group)
+    cfg = load_config(None, [f"model.cache_dir={tmp_path / 'cache'}", "model.device=cpu"])
+    root = stage1_dir(cfg)
+    (root / "checkpoints" / "step_3-ab").mkdir(parents=True)
+    (root / "checkpoints" / "step_3-ab" / "state.json").write_text(json.dumps({"bf16": True}))
+    (root / "checkpoints" / "latest").write_text("step_3-ab")
+    (root / "demos.parquet").write_bytes(b"demos")
+    model, _, _ = launch_module.run_stage1(cfg)
+    assert model == root / "model"
+    assert calls[0] == ("ranks", True)
+    assert calls[1] == ("sft", str(root / "demos.parquet"), str(root), True)

@@ -150,3 +150,117 @@ def test_length_grouped_steps_cover_every_row_once_and_pad_little():
     plain = sum(len(s) * max(lengths[i] for i in s) for s in (shuffled[k:k + 8] for k in range(0, 203, 8)))
     assert padded < 0.8 * plain  # grouped rows pad far less than a plain shuffle
     assert steps != sorted(steps, key=lambda s: lengths[s[0]])  # the steps are not in length order
+
+
+def sft_cfg(model_dir: Path, epochs: int = 2) -> ZipRLConfig:
+    cfg = ZipRLConfig()
+    cfg.model.path = str(model_dir)
+    cfg.sft.epochs, cfg.sft.micro_batch, cfg.sft.lr, cfg.sft.checkpoint_every = epochs, 2, 1e-3, 0
+    cfg.learner.bf16 = False  # not measured per run: the runs compared compute alike
+    return cfg
+
+
+def stop_after(n: int, checkpoint: bool = True):
+    """A ``stop`` for run_sft that raises a SIGTERM's Stop after its ``n``-th step."""
+    import signal
+
+    from ziprl.loop.stop import Stop
+
+    calls = []
+
+    def stop() -> None:
+        calls.append(1)
+        if len(calls) == n:
+            raise Stop(signal.SIGTERM, checkpoint=checkpoint)
+
+    return stop
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(model_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.slow
+@requires_deepspeed
+def test_a_stopped_sft_resumes_to_the_model_a_straight_run_trains(tmp_path, tiny_model_dir):
+    """Stopped after step 3 of 4 (a SIGTERM's Stop), the SFT writes a checkpoint and no model; resumed, it trains the
+    same weights as the run that was not stopped, and removes its checkpoints. Other demos or another step order are
+    refused before any model loads."""
+    from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint
+    from ziprl.learner.sft import check_sft_resume, sft_position
+    from ziprl.loop.stop import Stop
+
+    demos = write_demos(tmp_path / "demos.parquet")
+    straight = run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "a")
+    with pytest.raises(Stop):
+        run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "b", stop=stop_after(3))
+    state = json.loads((latest_checkpoint(tmp_path / "b") / "state.json").read_text())
+    assert state["data_position"]["steps_done"] == 3 and state["step"] == 3
+    assert not (tmp_path / "b" / "model").exists()
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rows = sft_rows(read_demos(demos), tokenizer, 1024)
+    with pytest.raises(CheckpointError, match="demonstration rows"):
+        check_sft_resume(tmp_path / "b", sft_position(sft_cfg(tiny_model_dir), rows[:3], 0))
+    with pytest.raises(CheckpointError, match="epochs 2 then, 3 now"):
+        check_sft_resume(tmp_path / "b", sft_position(sft_cfg(tiny_model_dir, epochs=3), rows, 0))
+
+    resumed = run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "b", resume=True)
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "b" / "checkpoints").exists()
+    base = weights(tiny_model_dir)
+    assert any(not torch.equal(a[k], base[k].to(a[k].dtype)) for k in a.keys() & base.keys())  # it trained
+
+
+@pytest.mark.slow
+@requires_deepspeed
+def test_sft_checkpoints_every_k_steps_and_a_second_signal_writes_none(tmp_path, tiny_model_dir):
+    from ziprl.learner.checkpoint import latest_checkpoint
+    from ziprl.loop.stop import Stop
+
+    demos = write_demos(tmp_path / "demos.parquet")
+    cfg = sft_cfg(tiny_model_dir)
+    cfg.sft.checkpoint_every = 2
+    with pytest.raises(Stop):  # the stop of a second signal, after step 3: the step-2 checkpoint stays the latest
+        run_sft(cfg, demos, tmp_path / "b", stop=stop_after(3, checkpoint=False))
+    ckpt = latest_checkpoint(tmp_path / "b")
+    assert json.loads((ckpt / "state.json").read_text())["data_position"]["steps_done"] == 2
+    assert [p.name for p in (tmp_path / "b" / "checkpoints").iterdir() if p.is_dir()] == [ckpt.name]
+
+
+@pytest.mark.slow
+@requires_deepspeed
+def test_sigterm_stops_the_sft_command_with_a_checkpoint_that_resumes(tmp_path, tiny_model_dir):
+    """``python -m ziprl.sft`` on SIGTERM: exit 143 with a checkpoint of its last step; ``--resume`` finishes the model
+    and removes the checkpoints; ``--resume`` with other settings is one error, exit 2, nothing touched."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    demos, out = write_demos(tmp_path / "demos.parquet"), tmp_path / "sft"
+    command = [sys.executable, "-m", "ziprl.sft", "--demos", str(demos), "--out", str(out),
+               *(a for s in (f"model.path={tiny_model_dir}", "sft.micro_batch=1", "sft.epochs=100",
+                             "sft.checkpoint_every=1") for a in ("--set", s))]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))  # not an inherited SIG_IGN
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoints" / "latest").is_file():  # a step is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 143, output
+    assert "[sft] stopped after step" in output and not (out / "model").exists()
+    done = int(output.split("[sft] stopped after step ")[1].split()[0])
+    assert 1 <= done < 400
+
+    other = subprocess.run([*command, "--resume", "--set", "sft.epochs=99"], capture_output=True, text=True)
+    assert other.returncode == 2 and "epochs 100 then, 99 now" in other.stderr, other.stderr
+    assert (out / "checkpoints" / "latest").is_file()
+    again = subprocess.run([*command, "--resume", "--set", "sft.checkpoint_every=0"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (out / "model" / "config.json").is_file() and not (out / "checkpoints").exists()

@@ -24,8 +24,8 @@ from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
 from ziprl.env.demos import build_demos
-from ziprl.learner.checkpoint import resumed_learner
-from ziprl.learner.sft import stage1_dir
+from ziprl.learner.checkpoint import in_checkpoint_dtype, resumed_learner
+from ziprl.learner.sft import stage1_dir, stage1_resumable
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
 from ziprl.outputs import locked
@@ -45,22 +45,31 @@ def run_stage1(cfg: ZipRLConfig) -> tuple[Path, bool | None, LearnerGroup | None
             print(f"[launch] Stage 1: reusing the cached SFT model {cached}", flush=True)
             return cached, None, None
         cfg1 = dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, out=str(root / "demos.parquet")))
+        resume = stage1_resumable(root)
+        if resume:  # the SFT a stopped launch left goes on in the dtype it was written in
+            cfg1 = in_checkpoint_dtype(cfg1, root)
         # the ranks start and build their trainer while this process makes the demos; every path out of this block waits
         # for them (a thread left running could act on a Ray the launch has stopped, or start a new one)
         with ThreadPoolExecutor(1) as pool:
             starting = pool.submit(sft_group, cfg1)
             try:
                 t0 = time.perf_counter()
-                path, counts = build_demos(cfg1)
-                print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
-                      f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...", flush=True)
+                if resume:
+                    path = root / "demos.parquet"
+                    print(f"[launch] Stage 1: continuing the SFT an earlier launch stopped ({root / 'checkpoints'})",
+                          flush=True)
+                else:
+                    path, counts = build_demos(cfg1)
+                    print(f"[launch] Stage 1: {counts['kept']}/{counts['episodes']} demo episodes kept "
+                          f"({counts['transitions']} transitions) in {time.perf_counter() - t0:.0f}s; SFT...",
+                          flush=True)
             except BaseException:
                 with contextlib.suppress(Exception):
                     starting.result()[0].shutdown()
                 raise
             group, bf16 = starting.result()
         try:
-            model = Path(group.call("sft", str(path), str(root)))
+            model = Path(group.call("sft", str(path), str(root), resume))
         except BaseException:
             group.shutdown()
             raise

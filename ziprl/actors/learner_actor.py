@@ -89,12 +89,12 @@ class LearnerWorker:
         self.trainer = sft_trainer(self.cfg)
         return self.trainer.bf16
 
-    def sft(self, demos: str, out_dir: str) -> str:
-        """Stage 1: cold-start SFT on the demo file (with the trainer :meth:`build_sft_trainer` built, if it ran);
-        returns the written model directory."""
+    def sft(self, demos: str, out_dir: str, resume: bool = False) -> str:
+        """Stage 1: cold-start SFT on the demo file (with the trainer :meth:`build_sft_trainer` built, if it ran),
+        continued from ``out_dir``'s checkpoint when ``resume``; returns the written model directory."""
         from ziprl.learner.sft import run_sft
 
-        return str(run_sft(self.cfg, demos, out_dir, self.trainer))
+        return str(run_sft(self.cfg, demos, out_dir, self.trainer, resume=resume))
 
     def version(self) -> int:
         return self.trainer.policy_version

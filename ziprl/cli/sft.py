@@ -1,9 +1,12 @@
 """Cold-start SFT on scripted-teacher demonstrations (Algorithm 1, Stage 1; see :mod:`ziprl.learner.sft`).
 
-    python -m ziprl.sft --demos FILE --out DIR [--overwrite] [--config FILE.yaml] [--set section.field=value ...]
+    python -m ziprl.sft --demos FILE --out DIR [--resume | --overwrite] [--config FILE.yaml]
+                        [--set section.field=value ...]
 
 Trains ``sft.epochs`` epochs, logs TensorBoard scalars to ``DIR/tb`` and writes the model to ``DIR/model``. ``DIR``
-is new, or an SFT run of an earlier ``ziprl.sft`` that ``--overwrite`` replaces (see :mod:`ziprl.outputs`).
+is new, or an SFT run of an earlier ``ziprl.sft`` that ``--overwrite`` replaces (see :mod:`ziprl.rundir`). SIGINT
+or SIGTERM stops it at the end of the optimiser step with a checkpoint in ``DIR/checkpoints`` (as it writes one every
+``sft.checkpoint_every`` steps), which ``--resume`` continues from exactly, with the same demos and settings.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import logging
 from ziprl.boundary import run_command
 from ziprl.cli.common import command_line
 from ziprl.config import load_config
-from ziprl.learner.sft import is_sft_entry, read_demos, run_sft
-from ziprl.outputs import claim_dir, plan_dir
-from ziprl.policy.models import check_model_paths
+from ziprl.learner.sft import check_sft_resume, is_sft_entry, read_demos, run_sft, sft_position, sft_rows
+from ziprl.loop.stop import StopSignals
+from ziprl.policy.models import check_model_paths, load_tokenizer, resolve_model_path
+from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
 @run_command
@@ -24,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ziprl.sft", description="Cold-start SFT on demo transitions.")
     parser.add_argument("--demos", required=True, help="demo Parquet file (columns: messages, response)")
     parser.add_argument("--out", required=True, help="run directory: writes <out>/model and <out>/tb")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the SFT run in --out from its checkpoint (same demos and settings)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the SFT run in --out (only a directory an earlier ziprl.sft marked as its own)")
     parser.add_argument("--config", default=None, help="YAML config file")
@@ -31,11 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     cfg = load_config(args.config, args.set)
-    plan = plan_dir(args.out, "sft", args.overwrite, is_sft_entry)
-    read_demos(args.demos)  # every input is checked before the first write
+    plan = plan_run_dir(args.out, args.resume, args.overwrite, "sft", is_sft_entry)
+    examples = read_demos(args.demos)  # every input is checked before the first write
     check_model_paths(cfg.model.path)
-    with claim_dir(plan, command_line("ziprl.sft", argv or [])) as out:
-        print(run_sft(cfg, args.demos, out))
+    if args.resume:  # the checkpoint is of these demos and settings (tokenizing them takes seconds, no model loads)
+        tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+        check_sft_resume(plan.out, sft_position(cfg, sft_rows(examples, tokenizer, cfg.sft.max_seq_len), 0))
+    with claim_run_dir(plan, command_line("ziprl.sft", argv or [])), StopSignals("sft") as stop:
+        print(run_sft(cfg, args.demos, plan.out, resume=args.resume, stop=stop.check))
 
 
 if __name__ == "__main__":

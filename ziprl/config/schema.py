@@ -290,6 +290,9 @@ class SFTConfig:
                               "of them at a time).")
     max_seq_len: int = opt(1024, "prompt + response tokens per row; longer prompts lose their oldest tokens, a "
                                  "response longer than this is skipped.")
+    checkpoint_every: int = opt(100, "save a checkpoint (weights, optimiser, RNG, position) every this many optimiser "
+                                     "steps, which a resumed SFT continues from; 0 = only when stopped by SIGINT or "
+                                     "SIGTERM. Deleted once the model is written.")
 
 
 @dataclass
@@ -538,6 +541,7 @@ RANGES = {  # the values each numeric config field allows (tests/config/test_sch
     "learner.tis_cap": Range(1, note="a cap below 1 down-weights on-policy tokens"),
     "learner.steps": AT_LEAST_1, "learner.seed": SEED,
     "sft.lr": POSITIVE, "sft.epochs": AT_LEAST_1, "sft.micro_batch": AT_LEAST_1, "sft.max_seq_len": Range(2),
+    "sft.checkpoint_every": Range(0, note="0 = only when stopped"),
     "demos.limit": Range(0, note="0 = every question"),
     "ray.num_rollout_actors": AT_LEAST_1, "ray.rollout_actor_cpus": RAY_CPUS, "ray.learner_ranks": AT_LEAST_1,
     "ray.learner_cpus": RAY_CPUS, "ray.learner_gpus": RAY_GPUS, "ray.rollout_gpus": RAY_GPUS,

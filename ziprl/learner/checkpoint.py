@@ -168,7 +168,13 @@ def resumed_learner(cfg: ZipRLConfig) -> ZipRLConfig:
     resumes was written under: a resumed run keeps its numerics, however the measurement would come out now (on a
     loaded machine it flipped, and the resumed run's loss left the straight run's). Unchanged when not resuming,
     when ``learner.bf16`` is set, or for a checkpoint written before the decision was stored."""
-    ckpt = latest_checkpoint(cfg.run.out_dir) if cfg.run.resume and cfg.learner.bf16 is None else None
+    return in_checkpoint_dtype(cfg, cfg.run.out_dir) if cfg.run.resume else cfg
+
+
+def in_checkpoint_dtype(cfg: ZipRLConfig, out_dir: str | Path) -> ZipRLConfig:
+    """``cfg`` with ``learner.bf16`` null set to what ``out_dir``'s latest checkpoint was written under (see
+    :func:`resumed_learner`); unchanged when ``learner.bf16`` is set or the checkpoint does not say."""
+    ckpt = latest_checkpoint(out_dir) if cfg.learner.bf16 is None else None
     decided = None if ckpt is None else json.loads((ckpt / "state.json").read_text(encoding="utf-8")).get("bf16")
     if decided is None:
         return cfg

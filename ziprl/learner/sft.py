@@ -19,7 +19,8 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_COLUMNS = ("messages", "response")
-SFT_WRITES = ("model", "tb")  # what run_sft writes into its out_dir
+SFT_WRITES = ("model", "tb", "checkpoints")  # what run_sft writes into its out_dir
 is_sft_entry = entries(*SFT_WRITES)
 _SENTINEL = "ZIPRL_END_OF_TURN_PROBE"
 
@@ -152,21 +153,27 @@ def sft_trainer(cfg: ZipRLConfig) -> Trainer:
     return Trainer(dataclasses.replace(cfg, learner=learner), resolve_model_path(cfg.model))
 
 
-def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, trainer: Trainer | None = None) -> Path:
+def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, trainer: Trainer | None = None,
+            resume: bool = False, stop: Callable[[], None] | None = None) -> Path:
     """Stage 1: fine-tune ``cfg.model`` on the demos; returns ``<out_dir>/model`` (an HF checkpoint).
 
     ``trainer``: an :func:`sft_trainer` built beforehand (e.g. while the demos were synthesised); None builds one.
-    ``out_dir`` follows the output rule (:func:`ziprl.outputs.own_dir`): it is marked as an SFT run, and ``model``
-    or ``tb`` already there are replaced only in a directory so marked.
+    ``out_dir`` follows the output rule (:func:`ziprl.outputs.own_dir`): it is marked as an SFT run, and ``model``,
+    ``tb`` or ``checkpoints`` already there are replaced only in a directory so marked.
 
     ``sft.epochs`` passes over the shuffled transitions (seed ``learner.seed``; rows of similar length share a step,
     :func:`length_grouped_steps`), one optimiser step per ``sft.micro_batch`` rows at constant lr ``sft.lr``;
-    scalars go to ``<out_dir>/tb``.
+    scalars go to ``<out_dir>/tb``. Every ``sft.checkpoint_every`` steps a checkpoint goes to
+    ``<out_dir>/checkpoints`` (:mod:`ziprl.learner.checkpoint`), which ``resume`` continues from exactly, with the
+    same demos and settings (checked before it loads); they are deleted once the model is written. ``stop`` is
+    called after each step: a :class:`ziprl.loop.stop.Stop` it raises (a SIGINT or SIGTERM) is a checkpoint of
+    that step, then the stop.
     """
     import numpy as np
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
+    from ziprl.learner.checkpoint import in_checkpoint_dtype, load_checkpoint, save_checkpoint
     from ziprl.learner.distributed import rank
     from ziprl.policy.models import load_tokenizer, resolve_model_path
 
@@ -176,24 +183,73 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     rows = sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
     if not rows:
         raise DemoFileError(f"no transition of {demos_path} fits sft.max_seq_len={cfg.sft.max_seq_len}")
+    rng = np.random.default_rng(cfg.learner.seed)
+    lengths = [len(r.input_ids) for r in rows]
+    steps = [s for _ in range(cfg.sft.epochs) for s in length_grouped_steps(lengths, cfg.sft.micro_batch, rng)]
+    position = sft_position(cfg, rows, 0)
+    if resume:
+        check_sft_resume(out_dir, position)
+        cfg = in_checkpoint_dtype(cfg, out_dir)  # it goes on in the dtype it was written in
 
     trainer = trainer or sft_trainer(cfg)
-    size = cfg.sft.micro_batch
-    rng = np.random.default_rng(cfg.learner.seed)
-    writer = SummaryWriter(str(out_dir / "tb")) if rank() == 0 else None
-    lengths = [len(r.input_ids) for r in rows]
-    with tqdm(total=cfg.sft.epochs * math.ceil(len(rows) / size), desc="sft", disable=rank() != 0) as bar:
-        for epoch in range(cfg.sft.epochs):
-            for step in length_grouped_steps(lengths, size, rng):
-                stats = trainer.sft_step([rows[i] for i in step])  # forward passes of learner.micro_batch_turns rows
+    done = load_checkpoint(trainer, out_dir)["steps_done"] if resume else 0  # optimiser steps taken
+    writer = SummaryWriter(str(out_dir / "tb"), purge_step=trainer.global_step + 1 if resume else None) \
+        if rank() == 0 else None  # a resumed run's events replace those logged after its checkpoint
+    per_epoch = math.ceil(len(rows) / cfg.sft.micro_batch)
+    with tqdm(total=len(steps), initial=done, desc="sft", disable=rank() != 0) as bar:
+        try:
+            while done < len(steps):
+                stats = trainer.sft_step([rows[i] for i in steps[done]])  # passes of learner.micro_batch_turns rows
+                done += 1
                 if writer is not None:
                     for key in ("loss", "grad_norm", "lr", "tokens"):
                         writer.add_scalar(f"sft/{key}", stats[key], trainer.global_step)
-                bar.set_postfix(epoch=epoch, loss=f"{stats['loss']:.4f}")
+                bar.set_postfix(epoch=(done - 1) // per_epoch, loss=f"{stats['loss']:.4f}")
                 bar.update()
-    if writer is not None:
-        writer.close()
-    return trainer.save_pretrained(out_dir / "model")
+                if cfg.sft.checkpoint_every and done % cfg.sft.checkpoint_every == 0 and done < len(steps):
+                    save_checkpoint(trainer, out_dir, position | {"steps_done": done}, keep=1)
+                if stop is not None:
+                    stop()
+        except KeyboardInterrupt as exc:  # a Stop from ``stop`` (between steps) says whether to checkpoint
+            if getattr(exc, "checkpoint", False):
+                path = save_checkpoint(trainer, out_dir, position | {"steps_done": done}, keep=1)
+                print(f"\n[sft] stopped after step {done} of {len(steps)}: checkpoint {path}; --resume continues "
+                      "from it", flush=True)
+            raise
+        finally:
+            if writer is not None:
+                writer.close()
+    model = trainer.save_pretrained(out_dir / "model")
+    if rank() == 0 and (out_dir / "checkpoints").is_dir():
+        shutil.rmtree(out_dir / "checkpoints")  # this run's own: only a resume needs them, and the model is written
+    return model
+
+
+def sft_position(cfg: ZipRLConfig, rows: Sequence[SFTRow], steps_done: int) -> dict[str, Any]:
+    """An SFT checkpoint's data position: steps done and what fixes the step order (the rows' tokens, the epochs,
+    the rows per step, the seed), so a resume with other demos or settings is refused."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps([r.response_start, r.input_ids]).encode())
+    return {"steps_done": steps_done, "rows_sha256": h.hexdigest(), "epochs": cfg.sft.epochs,
+            "micro_batch": cfg.sft.micro_batch, "seed": cfg.learner.seed}
+
+
+def check_sft_resume(out_dir: Path, position: dict[str, Any]) -> None:
+    """CheckpointError, before any model loads, unless ``out_dir``'s latest checkpoint was written by an SFT run
+    of the same rows and step order as ``position``."""
+    from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        raise CheckpointError(f"{out_dir} has no SFT checkpoint to resume from; start it again without resuming")
+    saved = json.loads((verify_checkpoint(ckpt) / "state.json").read_text(encoding="utf-8"))["data_position"]
+    differ = [k for k in position if k != "steps_done" and saved.get(k) != position[k]]
+    if differ or not isinstance(saved.get("steps_done"), int):
+        what = "the demonstration rows (demos file, tokenizer or sft.max_seq_len)" if "rows_sha256" in differ else \
+            ", ".join(f"{k} {saved.get(k)!r} then, {position[k]!r} now" for k in differ) or "its position"
+        raise CheckpointError(f"SFT checkpoint {ckpt} does not fit this run: {what} changed; resume with the demos "
+                              "and settings it started with, or start over (--overwrite)")
 
 
 class Stage1CacheError(UserError, RuntimeError):
@@ -203,10 +259,19 @@ class Stage1CacheError(UserError, RuntimeError):
 def stage1_dir(cfg: ZipRLConfig) -> Path:
     """Cache directory of Stage 1 for this configuration (demos, SFT, env, model and retriever settings) and the
     content of the data its demonstrations are played on (:func:`demo_data_sha256`)."""
-    key = json.dumps({"demos": dataclasses.asdict(cfg.demos) | {"out": None}, "sft": dataclasses.asdict(cfg.sft),
+    sft = dataclasses.asdict(cfg.sft)
+    del sft["checkpoint_every"]  # how often it checkpoints does not change the model
+    key = json.dumps({"demos": dataclasses.asdict(cfg.demos) | {"out": None}, "sft": sft,
                       "env": dataclasses.asdict(cfg.env), "model": cfg.model.path, "seed": cfg.learner.seed,
                       "retriever": dataclasses.asdict(cfg.retriever), "data": demo_data_sha256(cfg)}, sort_keys=True)
     return cache_root(cfg.model.cache_dir) / "stage1" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def stage1_resumable(root: Path) -> bool:
+    """Whether the Stage-1 cache ``root`` holds an SFT that stopped before its model was written, with the demos it
+    trained on: building it again continues that SFT from its checkpoint."""
+    return (root / "demos.parquet").is_file() and (root / "checkpoints" / "latest").is_file() \
+        and not (root / "model").exists()
 
 
 def demo_data_sha256(cfg: ZipRLConfig) -> str:

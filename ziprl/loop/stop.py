@@ -37,9 +37,10 @@ class Stop(KeyboardInterrupt):
 class StopSignals:
     """While entered (in the main thread; elsewhere it does nothing), SIGINT and SIGTERM request a stop, raised as
     :class:`Stop` at once inside :meth:`at_once` and else at the next :meth:`check`. The handlers found on entry are
-    put back on exit."""
+    put back on exit. ``name`` (the command) leads the message a first signal prints."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "train") -> None:
+        self.name = name
         self.requested: int | None = None
         self._at_once = False
         self._saved: dict[int, Any] = {}
@@ -64,7 +65,7 @@ class StopSignals:
         self.requested = signum
         if self._at_once:
             raise Stop(signum)
-        print(f"\n[train] {signal.Signals(signum).name}: stopping at the end of this step, with a checkpoint; signal "
+        print(f"\n[{self.name}] {signal.Signals(signum).name}: stopping at the end of this step, with a checkpoint; signal "
               "again to stop at once without one", file=sys.stderr, flush=True)
 
     def check(self) -> None:
