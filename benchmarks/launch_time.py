@@ -3,7 +3,10 @@ defaults with a new ``ZIPRL_CACHE`` (policy conversion, index build, Stage 1 and
 and held to a lower ISA. ``avx2`` holds torch's kernels, oneDNN, MKL and ZipRL's own choices (fused decode kernel,
 bf16) to AVX2 (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``), as on an AVX2-only
 laptop. Runs alternate between the classes; each row names the flags ZipRL saw, the precision the engines and the
-learner chose, the total and the RL steps' seconds.
+learner chose, the total and the RL steps' seconds, and the memory the launch held at its peak: the proportional set
+size (PSS: a page shared by n processes counts 1/n in each, so Ray's shared object store counts once) summed over
+the launch's processes (the driver, Ray's services and workers, all its descendants), sampled every half second, with
+the three largest processes at that moment.
 
     python benchmarks/launch_time.py [--isa native,avx2] [--repeats 1] [--name launch_time]
 
@@ -23,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 from _common import CPU_FLAGS, REPO, results_name, write_results
 
 from ziprl.policy.cpu.isa import cpu_flags
@@ -64,13 +68,43 @@ def run_once(isa: str, work: Path) -> dict:
     log = work / "launch.log"
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        done = subprocess.run([sys.executable, "-m", "ziprl.launch", "--out", str(work / "run")], stdout=out,
-                              stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen([sys.executable, "-m", "ziprl.launch", "--out", str(work / "run")], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        peak = peak_memory(proc)
     seconds = time.perf_counter() - t0
-    if done.returncode:
-        raise SystemExit(f"error: the {isa} launch exited {done.returncode}; its log: {log}")
+    if proc.returncode:
+        raise SystemExit(f"error: the {isa} launch exited {proc.returncode}; its log: {log}")
     return {"isa": isa, "cpu_flags_seen": ", ".join(seen_flags(env)), "seconds": round(seconds, 1),
-            **summary(log.read_text(errors="replace"))}
+            **summary(log.read_text(errors="replace")), **peak}
+
+
+def role(p: psutil.Process) -> str:
+    """What a process of the launch is: the driver, a Ray actor or task by class (``ray::RolloutActor``), or the
+    name of a Ray service."""
+    args = p.cmdline()
+    first = args[0] if args else p.name()
+    if first.startswith("ray::"):
+        return first.split(".")[0].split()[0]
+    return "driver" if "ziprl.launch" in args else Path(first).name
+
+
+def peak_memory(proc: subprocess.Popen, every: float = 0.5) -> dict:
+    """Sample the PSS of ``proc`` and its descendants until it ends: the peak of their sum (GB) and the three
+    largest processes (role: GB) at that moment."""
+    root, peak, top = psutil.Process(proc.pid), 0, []
+    while proc.poll() is None:
+        sizes = []
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                sizes.append((p.memory_full_info().pss, role(p)))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        total = sum(b for b, _ in sizes)
+        if total > peak:
+            peak, top = total, sorted(sizes, reverse=True)[:3]
+        time.sleep(every)
+    return {"peak_pss_gb": round(peak / 2**30, 2),
+            "largest_at_peak": ", ".join(f"{name} {b / 2**30:.2f}" for b, name in top)}
 
 
 def main() -> None:

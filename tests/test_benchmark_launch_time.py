@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,32 @@ def test_bad_arguments_exit_2_before_any_launch(args, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "error:" in done.stderr
     assert "[launch_time]" not in done.stdout
+
+
+def test_peak_memory_sums_the_process_tree_and_counts_shared_pages_once(tmp_path):
+    """A parent holding 200 MB of its own and a child holding 100 MB, both mapping one 300 MB shared file: the peak
+    is about 200 + 100 + 300 MB (PSS splits the shared pages between the two), not 900 MB (RSS would count them
+    twice)."""
+    import tempfile
+
+    hold = """
+import mmap, sys, time
+f = open(sys.argv[1], "r+b")
+shared = mmap.mmap(f.fileno(), 0)
+touched = sum(shared[i] for i in range(0, len(shared), 4096))  # every shared page mapped in
+own = bytearray(int(sys.argv[2]) << 20)
+own[::4096] = b"x" * len(own[::4096])  # every page of its own written
+if len(sys.argv) > 3:
+    import subprocess
+    subprocess.run([sys.executable, "-c", sys.argv[3], sys.argv[1], "100"])
+else:
+    time.sleep(3)
+"""
+    with tempfile.NamedTemporaryFile(dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp_path) as shared:
+        shared.truncate(300 << 20)
+        proc = subprocess.Popen([sys.executable, "-c", hold, shared.name, "200", hold])
+        peak = launch_time.peak_memory(proc, every=0.2)
+        assert proc.wait() == 0
+    assert 0.55 < peak["peak_pss_gb"] < 0.72, peak  # ~600 MB and two interpreters; RSS would give ~900
+    sizes = [float(x.split()[1]) for x in peak["largest_at_peak"].split(", ")]
+    assert len(sizes) == 2 and 0.33 < sizes[0] < 0.42 and 0.23 < sizes[1] < 0.32, peak  # 200 + 150, 100 + 150
