@@ -131,7 +131,7 @@ def sft_stub(cfg, demos_path, out_dir, resume=False, stop=None) -> Path:
     return out / "model"
 
 
-def eval_stub(cfg, strategies, out) -> dict:
+def eval_stub(cfg, strategies, out, resume=False) -> dict:
     out = own_dir(out, "eval", [*REPORT_FILES, *(f"trajectories_{s}.parquet" for s in strategies)])
     for name in REPORT_FILES:
         atomic_write_text(out / name, "report")
@@ -192,7 +192,7 @@ def test_a_directory_command_touches_nothing_outside_its_output(name, inside, li
             add_links(out, links, work / "outside")
         out_arg = out_argument(form, "parent/out") if out.is_dir() or form != "link" else "parent/out"
         before = digests(work)
-        flags = [flag] if flag and (flag != "--resume" or name in ("train", "launch")) else []
+        flags = [flag] if flag and (flag != "--resume" or name in ("train", "launch", "sft", "eval")) else []
         code = run(out_arg, flags)
         check(work, before, out_arg, code, premark)
     capsys.readouterr()

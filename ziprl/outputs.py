@@ -53,13 +53,15 @@ class OutputError(UserError):
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """What :func:`claim_dir` does: delete ``delete`` (a marked output's entries) from ``out``, create and mark it."""
+    """What :func:`claim_dir` does: delete ``delete`` (a marked output's entries) from ``out``, create and mark it;
+    with ``resume``, continue in it as it is."""
 
     out: Path
     kind: str
     owns: Callable[[str], bool]  # whether a top-level name is one this kind writes (:func:`entries`)
     overwrite: bool = False
     delete: tuple[Path, ...] = ()
+    resume: bool = False
 
 
 def shown(names: list[str]) -> str:
@@ -253,10 +255,21 @@ def plan_replace(out: Path, kind: str, owns: Callable[[str], bool]) -> tuple[Pat
 
 
 def plan_dir(out_dir: str | Path, kind: str, overwrite: bool, owns: Callable[[str], bool],
-             fix: str = "pass --overwrite to replace it, or choose another --out") -> OutputPlan:
+             fix: str = "pass --overwrite to replace it, or choose another --out", resume: bool = False) -> OutputPlan:
     """Check what a command of ``kind`` may do with ``out_dir``, touching nothing: a new or empty directory is used,
-    a used one only with ``overwrite`` (see :func:`plan_replace`); ``fix`` ends the message for a used one."""
+    a used one only with ``overwrite`` (see :func:`plan_replace`) or, to continue in it, ``resume`` (only one marked
+    ``kind`` and holding no link); ``fix`` ends the message for a used one."""
+    if resume and overwrite:
+        raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or replace)")
     out, in_use = checked_dir(out_dir, kind)
+    if resume:
+        if not in_use:
+            raise OutputError(f"--resume: {out} holds nothing to continue; drop --resume")
+        if read_marker(out) is None:
+            raise OutputError(f"--resume: {out} {no_marker(out)}, so it is not known to be {KINDS[kind]} of ZipRL; "
+                              "nothing was written: choose another --out")
+        refuse_links(out, flag="--resume: ")
+        return OutputPlan(out, kind, owns, resume=True)
     if in_use and not overwrite:
         names = sorted(p.name for p in out.iterdir())
         if read_marker(out) is None:  # not ZipRL's: neither --resume nor --overwrite may touch it
@@ -315,9 +328,10 @@ def claim_dir(plan: OutputPlan, command: str | None = None) -> Iterator[Path]:
     """Lock ``plan.out``, plan again under the lock, delete what that plan replaces and mark the directory
     (``command`` goes into the marker); yields it, locked until the block ends."""
     with locked(plan.out):
-        fresh = plan_dir(plan.out, plan.kind, plan.overwrite, plan.owns)
+        fresh = plan_dir(plan.out, plan.kind, plan.overwrite, plan.owns, resume=plan.resume)
         delete(fresh.delete)
-        write_marker(fresh.out, fresh.kind, command)
+        if not fresh.resume:  # a continued output keeps the marker of the command that began it
+            write_marker(fresh.out, fresh.kind, command)
         yield fresh.out
 
 

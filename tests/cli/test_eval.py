@@ -51,3 +51,75 @@ def test_eval_cli_rejects_unknown_strategy_before_loading(capsys):
 
     assert main(["--strategy", "adaptive,magic"]) == 2
     assert "unknown strategy ['magic']" in capsys.readouterr().err
+
+
+def _stop_at(module, n: int, ran: list[str], monkeypatch):
+    """``module.run_strategy`` recording the strategies it rolls out (and the noise level), Ctrl-C on the ``n``-th."""
+    real = module.run_strategy
+
+    def run_strategy(cfg, strategy, *args, **kwargs):
+        ran.append(f"{strategy}@{cfg.env.retrieval_noise:g}")
+        if len(ran) == n:
+            raise KeyboardInterrupt
+        return real(cfg, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(module, "run_strategy", run_strategy)
+
+
+EVAL_ARGS = ["--limit", "2", "--max-turns", "2", "--samples", "1", "--set", "sampling.max_new_tokens=4",
+             "--set", "model.device=cpu"]
+
+
+@pytest.mark.slow
+def test_a_stopped_eval_resumes_rolling_out_only_what_it_lacks(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Stopped (Ctrl-C) during its third strategy, the eval keeps the two it measured in report.json; ``--resume``
+    rolls out only the third, and the report holds all three, the first two's numbers unchanged. Other settings, a
+    directory with nothing to continue, or --resume with --overwrite are one error each (exit 2), nothing touched."""
+    from ziprl.cli.eval import main
+    from ziprl.evaluation import harness
+
+    out, ran = tmp_path / "eval", []
+    args = ["--strategy", "adaptive,react,window", "--model", str(tiny_model_dir), "--out", str(out), *EVAL_ARGS]
+    _stop_at(harness, 3, ran, monkeypatch)
+    assert main(args) == 130
+    first = json.loads((out / "report.json").read_text())["results"]
+    assert list(first) == ["adaptive", "react"] and not (out / "trajectories_window.parquet").exists()
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    with monkeypatch.context() as m:
+        m.setattr("ziprl.policy.make_engine", no_model)
+        assert main([*args, "--resume", "--limit", "3"]) == 2
+        assert "data.limit 2 then, 3 now" in capsys.readouterr().err
+        assert main([*args, "--resume", "--overwrite"]) == 2
+        assert main([*args[:-len(EVAL_ARGS) - 2], "--out", str(tmp_path / "new"), *EVAL_ARGS, "--resume"]) == 2
+        assert "holds nothing to continue" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["results"] == first
+
+    ran.clear()
+    assert main([*args, "--resume"]) == 0
+    assert ran == ["window@0"]
+    report = json.loads((out / "report.json").read_text())["results"]
+    assert list(report) == ["adaptive", "react", "window"]
+    assert {k: report[k] for k in first} == first
+    assert (out / "levels.png").is_file() and (out / "trajectories_window.parquet").is_file()
+
+
+@pytest.mark.slow
+def test_a_stopped_noise_sweep_resumes_with_the_cells_it_lacks(tiny_model_dir, tmp_path, monkeypatch):
+    from ziprl.cli.eval import main
+    from ziprl.evaluation import noise
+
+    out, ran = tmp_path / "sweep", []
+    args = ["--noise", "0,1", "--strategy", "adaptive,react", "--model", str(tiny_model_dir), "--out", str(out),
+            *EVAL_ARGS]
+    _stop_at(noise, 3, ran, monkeypatch)
+    assert main(args) == 130
+    first = json.loads((out / "noise.json").read_text())["results"]
+    assert sorted(first["adaptive"]) == ["0", "1"] and first["react"] == {}
+    ran.clear()
+    assert main([*args, "--resume"]) == 0
+    assert ran == ["react@0", "react@1"]
+    results = json.loads((out / "noise.json").read_text())["results"]
+    assert {s: sorted(by_p) for s, by_p in results.items()} == {"adaptive": ["0", "1"], "react": ["0", "1"]}

@@ -1,7 +1,9 @@
 """Evaluate a policy in SearchCompressEnv the way the paper reports it (``python -m ziprl.eval``).
 
 :func:`evaluate` rolls out every strategy on the same questions and writes ``report.json``, ``report.md``,
-``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file per strategy.
+``tokens_per_turn.png``, ``levels.png`` and one trajectory Parquet file per strategy. The report is rewritten after
+every strategy, so a stopped evaluation keeps what it measured, and one resumed with the same settings
+(:func:`saved_results`) rolls out only the strategies it lacks.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig, check_top_k
 from ziprl.env.stats import trajectory_stats
-from ziprl.env.trajectory import Trajectory, save_trajectories
+from ziprl.env.trajectory import Trajectory, load_trajectories, save_trajectories
 from ziprl.outputs import entries, own_dir
 from ziprl.paths import atomic_write_json, atomic_write_text
 from ziprl.plots import plot_levels, plot_tokens_per_turn, tokens_per_turn
@@ -64,22 +67,67 @@ def run_strategy(cfg: ZipRLConfig, strategy: str, setup: tuple[list, Any, Any], 
     return stats, trajs
 
 
-def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True) -> dict[str, dict[str, float]]:
-    """Roll out every strategy on the same questions; write report, plots and trajectories."""
+class EvalResumeError(UserError, ValueError):
+    """A stopped evaluation cannot be continued as asked; the message names what differs and the fix."""
+
+
+def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
+    """The results a stopped evaluation wrote to ``path`` (``report.json``, ``noise.json``), empty when it wrote
+    none; EvalResumeError when it ran with settings other than ``cfg``'s."""
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        then, results = saved["config"], saved["results"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EvalResumeError(f"--resume: {path} is not a report ZipRL wrote ({exc}); pass --overwrite to start "
+                              "over") from None
+    differ = differences(then, cfg.to_dict())
+    if differ:
+        raise EvalResumeError(f"--resume: {path.parent} was evaluated with other settings ({', '.join(differ[:3])}"
+                              f"{', ...' if len(differ) > 3 else ''}); pass the settings it ran with, or --overwrite "
+                              "to start over")
+    return results
+
+
+def differences(then: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """``section.field old then, new now`` for every leaf where two config dicts differ."""
+    out = []
+    for key in sorted(then.keys() | now.keys()):
+        a, b = then.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {a!r} then, {b!r} now")
+    return out
+
+
+def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True,
+             resume: bool = False) -> dict[str, dict[str, float]]:
+    """Roll out every strategy on the same questions; write report, plots and trajectories. With ``resume``, the
+    strategies a stopped evaluation of the same settings in ``out`` measured are kept, not rolled out again."""
+    saved = saved_results(Path(out) / "report.json", cfg) if resume else {}
     setup = load_eval_setup(cfg)
     examples = setup[0]
     out = own_dir(out, "eval", [*REPORT_FILES, *(f"trajectories_{s}.parquet" for s in strategies)])
     rows: dict[str, dict[str, float]] = {}
     all_trajs: dict[str, list[Trajectory]] = {}
     for strategy in strategies:
+        path = out / f"trajectories_{strategy}.parquet"
+        if strategy in saved and path.is_file():  # its trajectories are written before the report names it
+            rows[strategy], all_trajs[strategy] = saved[strategy], load_trajectories(path)
+            print(f"[eval] {strategy}: kept from the stopped evaluation", flush=True)
+            continue
         stats, trajs = run_strategy(cfg, strategy, setup, progress)
         rows[strategy], all_trajs[strategy] = stats, trajs
-        save_trajectories(trajs, out / f"trajectories_{strategy}.parquet")
+        save_trajectories(trajs, path)
         print(f"[eval] {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} turns={stats['turns']:.2f} "
               f"format_errors/turn={stats['format_error_rate']:.2f} ({stats['seconds']:.0f}s)", flush=True)
-    report = {"dataset": cfg.data.dataset, "questions": len(examples), "config": cfg.to_dict(), "results": rows}
-    atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", markdown_report(cfg.data.dataset, rows))
+        report = {"dataset": cfg.data.dataset, "questions": len(examples), "config": cfg.to_dict(), "results": rows}
+        atomic_write_json(out / "report.json", report)  # after every strategy: a stopped evaluation keeps it
+        atomic_write_text(out / "report.md", markdown_report(cfg.data.dataset, rows))
     plot_tokens_per_turn({s: tokens_per_turn(t) for s, t in all_trajs.items()}, out / "tokens_per_turn.png",
                          f"Prompt tokens per turn ({cfg.data.dataset})")
     plot_levels({s: [rows[s][f"level_{g}_frac"] for g in range(1, 6)] for s in rows}, out / "levels.png",

@@ -3,7 +3,8 @@
 For each noise level p (``env.retrieval_noise``) and each strategy, the same questions are rolled out with the
 same seeds; only the retrieved passages differ. Writes ``noise.json``, ``noise.md``, ``noise.png`` and one
 trajectory file per cell (``noise_<p>/trajectories_<strategy>.parquet``) under ``--out``; the table and plot
-are rewritten after every cell, so an interrupted sweep leaves what it measured.
+are rewritten after every cell, so an interrupted sweep leaves what it measured, and one resumed with the same
+settings rolls out only the cells it lacks.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from ziprl.config import ConfigError, ZipRLConfig
 from ziprl.env.trajectory import Trajectory, save_trajectories
-from ziprl.evaluation.harness import load_eval_setup, run_strategy
+from ziprl.evaluation.harness import load_eval_setup, run_strategy, saved_results
 from ziprl.outputs import own_dir
 from ziprl.paths import atomic_write_json, atomic_write_text
 
@@ -79,18 +80,26 @@ def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: 
 
 
 def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], out: Path,
-                progress: bool = True) -> dict[str, dict[str, dict[str, float]]]:
-    """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories."""
+                progress: bool = True, resume: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+    """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories. With
+    ``resume``, the cells a stopped sweep of the same settings in ``out`` measured are kept, not rolled out again."""
+    saved = saved_results(Path(out) / "noise.json", cfg) if resume else {}
     setup = load_eval_setup(cfg)
     out = own_dir(out, "eval", ["noise.json", "noise.md", "noise.png", *(f"noise_{p:g}" for p in levels)])
     rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}
     for strategy in strategies:  # a whole curve per strategy first: an interrupted sweep leaves full curves
         for p in levels:
+            path = out / f"noise_{p:g}" / f"trajectories_{strategy}.parquet"
+            kept = saved.get(strategy, {}).get(f"{p:g}")
+            if kept is not None and path.is_file():  # its trajectories are written before the table names it
+                rows[strategy][f"{p:g}"] = kept
+                print(f"[eval] noise={p:g} {strategy}: kept from the stopped sweep", flush=True)
+                continue
             cfg_p = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, retrieval_noise=p))
             stats, trajs = run_strategy(cfg_p, strategy, setup, progress)
             stats["injected_frac"], stats["mean_level"] = injected_fraction(trajs), mean_level(stats)
             rows[strategy][f"{p:g}"] = stats
-            save_trajectories(trajs, out / f"noise_{p:g}" / f"trajectories_{strategy}.parquet")
+            save_trajectories(trajs, path)
             print(f"[eval] noise={p:g} {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} Q_com={stats['q_com']:.3f} "
                   f"injected={stats['injected_frac']:.2f} ({stats['seconds']:.0f}s)", flush=True)
             report = {"dataset": cfg.data.dataset, "questions": len(setup[0]), "noise_levels": levels,
