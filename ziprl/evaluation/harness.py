@@ -84,7 +84,7 @@ def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise EvalResumeError(f"--resume: {path} is not a report ZipRL wrote ({exc}); pass --overwrite to start "
                               "over") from None
-    differ = differences(then, cfg.to_dict())
+    differ = differences(then, json.loads(json.dumps(cfg.to_dict())))  # as written: tuples as lists
     if differ:
         raise EvalResumeError(f"--resume: {path.parent} was evaluated with other settings ({', '.join(differ[:3])}"
                               f"{', ...' if len(differ) > 3 else ''}); pass the settings it ran with, or --overwrite "
