@@ -73,6 +73,7 @@ RECIPE = 0.2  # HRR's w in the default recipe, the arm issue 47's goals judge
 WEIGHTS, QUICK_WEIGHTS = (0.0, RECIPE), (RECIPE,)  # w = 0 (GRPO) beside it
 QUICK_DEMOS, QUICK_STEPS = 100, 5  # --quick: Stage 1 from this many demonstration episodes, RL steps
 EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
+SAMPLE_METRICS = ("f1", "em", "q_com", "format_error_rate")  # kept per sample in the results (per_sample)
 TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
                  "format_error_rate": "rollout/format_error_rate", "zero_variance_frac": "learner/zero_variance_frac",
                  "zero_variance_frac_sampled": "rollout/zero_variance_frac_sampled",
@@ -445,6 +446,13 @@ def eval_rows(evals: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def per_sample(evals: dict[str, dict]) -> dict[str, dict[str, list]]:
+    """Each evaluated model's scores per held-out sample, as columns (``id``, ``sample``, then
+    :data:`SAMPLE_METRICS`), kept in the results so that a later run's seeds can be pooled with these."""
+    return {name: {k: [r.get(k, 0.0) for r in res["per_sample"]] for k in ("id", "sample", *SAMPLE_METRICS)}
+            for name, res in evals.items()}
+
+
 def train_rows(runs: dict[str, list[dict]]) -> list[dict]:
     """Per run: first-half vs second-half means of the training curves."""
     rows = []
@@ -469,7 +477,7 @@ def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict, name
     est = estimates(evals, meta)
     goal = goals(est, meta, runs)
     write_results(f"{name}_goals", goal, meta, config)
-    write_results(f"{name}_heldout", eval_rows(evals), meta, config)
+    write_results(f"{name}_heldout", eval_rows(evals), meta | {"per_sample": per_sample(evals)}, config)
     write_results(f"{name}_diff", diff_rows(est, meta), meta, config)
     held = {m: curves(evals, meta, m) for m in ("f1", "em")}
     write_results(f"{name}_curve", [{"w": w, "step": k, "metric": m, "mean": mean, "ci95_low": lo, "ci95_high": hi}

@@ -269,8 +269,12 @@ def test_report_judges_the_goals_and_writes_every_file_under_its_name(learning, 
     f1 = [r for r in curve if r["metric"] == "f1"]
     assert [(r["w"], r["step"]) for r in f1] == [(f"w={w:g}", k) for w in learning.WEIGHTS for k in (0, 1, 2)]
     assert [r["mean"] for r in f1] == pytest.approx([0.15, 0.65, 0.65] * 2)
-    held = json.loads((tmp_path / "learning_seed01_heldout.json").read_text())["rows"]
-    assert {r["weights_sha256"] for r in held} == {"ab" * 8}
+    held = json.loads((tmp_path / "learning_seed01_heldout.json").read_text())
+    assert {r["weights_sha256"] for r in held["rows"]} == {"ab" * 8}
+    stage1 = held["meta"]["per_sample"]["stage1"]  # every sample's scores, to pool with later seeds
+    assert stage1["id"] == ["q0", "q0", "q1", "q1", "q2", "q2", "q3", "q3"] and stage1["sample"] == [0, 1] * 4
+    assert stage1["f1"] == [0.0, 0.0, 0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
+    assert set(held["meta"]["per_sample"]) == set(evals)
 
 
 def test_a_third_arm_is_compared_with_grpo_beside_the_default_recipe(learning, tmp_path, monkeypatch):
