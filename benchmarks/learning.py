@@ -194,14 +194,15 @@ def rl_command(config: Path, overrides: list[str], run_dir: Path, threads: int =
 
 def settings_changed(run_dir: Path, config: dict) -> list[str]:
     """The settings (``section.field``) in which ``config`` differs from the ``config.json`` the run was started with,
-    other than those a continued run may change (none when the run recorded no configuration)."""
+    other than those a continued run may change (none when the run recorded no configuration). A field the run did
+    not record was added to ZipRL since: the run could not set it, so it is no difference."""
     path = run_dir / "config.json"
     if not path.is_file():
         return []
     ran, config = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(config))  # tuples as lists
     return [f"{section}.{key}" for section, fields in config.items() for key, value in fields.items()
-            if f"{section}.{key}" not in CONTINUABLE
-            and not trains_alike(f"{section}.{key}", ran.get(section, {}).get(key), value, config)]
+            if f"{section}.{key}" not in CONTINUABLE and key in ran.get(section, {})
+            and not trains_alike(f"{section}.{key}", ran[section][key], value, config)]
 
 
 def trains_alike(setting: str, ran: object, value: object, config: dict) -> bool:

@@ -457,6 +457,10 @@ def test_a_run_trained_with_other_settings_is_neither_continued_nor_reused(learn
     assert "model.num_threads=2" in go_on
     with pytest.raises(SystemExit, match=r"trained with other settings \(learner.lr, learner.seed\); pass another --out"):
         learning.rl_command(config, ["learner.steps=5", "learner.lr=2e-5", "learner.seed=3"], run)
+    older = json.loads((run / "config.json").read_text())
+    del older["sft"]["checkpoint_every"], older["learner"]["lr"]  # a run of a ZipRL without these fields
+    (run / "config.json").write_text(json.dumps(older))
+    assert learning.settings_changed(run, load_config(config, ["learner.steps=5", "learner.lr=2e-5"]).to_dict()) == []
 
 
 @pytest.mark.parametrize(("w", "alike"), [(0.0, True), (0.2, False)])
