@@ -189,7 +189,7 @@ def test_a_stopped_sft_resumes_to_the_model_a_straight_run_trains(tmp_path, tiny
     same weights as the run that was not stopped, and removes its checkpoints. Other demos or another step order are
     refused before any model loads."""
     from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint
-    from ziprl.learner.sft import check_sft_resume, sft_position
+    from ziprl.learner.sft import check_sft_resume, sft_order
     from ziprl.loop.stop import Stop
 
     demos = write_demos(tmp_path / "demos.parquet")
@@ -203,9 +203,9 @@ def test_a_stopped_sft_resumes_to_the_model_a_straight_run_trains(tmp_path, tiny
     tokenizer = load_tokenizer(tiny_model_dir)
     rows = sft_rows(read_demos(demos), tokenizer, 1024)
     with pytest.raises(CheckpointError, match="demonstration rows"):
-        check_sft_resume(tmp_path / "b", sft_position(sft_cfg(tiny_model_dir), rows[:3], 0))
+        check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir), rows[:3]))
     with pytest.raises(CheckpointError, match="epochs 2 then, 3 now"):
-        check_sft_resume(tmp_path / "b", sft_position(sft_cfg(tiny_model_dir, epochs=3), rows, 0))
+        check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir, epochs=3), rows))
 
     resumed = run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "b", resume=True)
     a, b = weights(straight), weights(resumed)

@@ -17,9 +17,9 @@ import logging
 from ziprl.boundary import run_command
 from ziprl.cli.common import command_line
 from ziprl.config import load_config
-from ziprl.learner.sft import check_sft_resume, is_sft_entry, read_demos, run_sft, sft_position, sft_rows
+from ziprl.learner.sft import check_sft_resume, demo_rows, is_sft_entry, read_demos, run_sft, sft_order
 from ziprl.loop.stop import StopSignals
-from ziprl.policy.models import check_model_paths, load_tokenizer, resolve_model_path
+from ziprl.policy.models import check_model_paths, resolve_model_path
 from ziprl.rundir import claim_run_dir, plan_run_dir
 
 
@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     examples = read_demos(args.demos)  # every input is checked before the first write
     check_model_paths(cfg.model.path)
     if args.resume:  # the checkpoint is of these demos and settings (tokenizing them takes seconds, no model loads)
-        tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
-        check_sft_resume(plan.out, sft_position(cfg, sft_rows(examples, tokenizer, cfg.sft.max_seq_len), 0))
+        check_sft_resume(plan.out, sft_order(cfg, demo_rows(cfg, examples, resolve_model_path(cfg.model))))
     with claim_run_dir(plan, command_line("ziprl.sft", argv or [])), StopSignals("sft") as stop:
         print(run_sft(cfg, args.demos, plan.out, resume=args.resume, stop=stop.check))
 

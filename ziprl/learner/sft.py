@@ -175,20 +175,20 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
 
     from ziprl.learner.checkpoint import in_checkpoint_dtype, load_checkpoint, save_checkpoint
     from ziprl.learner.distributed import rank
-    from ziprl.policy.models import load_tokenizer, resolve_model_path
+    from ziprl.policy.models import resolve_model_path
 
     examples = read_demos(demos_path)  # fail on a bad file before any model loads
     out_dir = own_dir(out_dir, "sft", SFT_WRITES, mark=rank() == 0)  # nothing written over what is not SFT's
     model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
-    rows = sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
+    rows = demo_rows(cfg, examples, model_path)
     if not rows:
         raise DemoFileError(f"no transition of {demos_path} fits sft.max_seq_len={cfg.sft.max_seq_len}")
     rng = np.random.default_rng(cfg.learner.seed)
     lengths = [len(r.input_ids) for r in rows]
     steps = [s for _ in range(cfg.sft.epochs) for s in length_grouped_steps(lengths, cfg.sft.micro_batch, rng)]
-    position = sft_position(cfg, rows, 0)
+    order = sft_order(cfg, rows)
     if resume:
-        check_sft_resume(out_dir, position)
+        check_sft_resume(out_dir, order)
         cfg = in_checkpoint_dtype(cfg, out_dir)  # it goes on in the dtype it was written in
 
     trainer = trainer or sft_trainer(cfg)
@@ -207,12 +207,12 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
                 bar.set_postfix(epoch=(done - 1) // per_epoch, loss=f"{stats['loss']:.4f}")
                 bar.update()
                 if cfg.sft.checkpoint_every and done % cfg.sft.checkpoint_every == 0 and done < len(steps):
-                    save_checkpoint(trainer, out_dir, position | {"steps_done": done}, keep=1)
+                    save_checkpoint(trainer, out_dir, order | {"steps_done": done}, keep=1)
                 if stop is not None:
                     stop()
         except KeyboardInterrupt as exc:  # a Stop from ``stop`` (between steps) says whether to checkpoint
             if getattr(exc, "checkpoint", False):
-                path = save_checkpoint(trainer, out_dir, position | {"steps_done": done}, keep=1)
+                path = save_checkpoint(trainer, out_dir, order | {"steps_done": done}, keep=1)
                 print(f"\n[sft] stopped after step {done} of {len(steps)}: checkpoint {path}; --resume continues "
                       "from it", flush=True)
             raise
@@ -225,29 +225,36 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     return model
 
 
-def sft_position(cfg: ZipRLConfig, rows: Sequence[SFTRow], steps_done: int) -> dict[str, Any]:
-    """An SFT checkpoint's data position: steps done and what fixes the step order (the rows' tokens, the epochs,
-    the rows per step, the seed), so a resume with other demos or settings is refused."""
+def demo_rows(cfg: ZipRLConfig, examples: Sequence[dict[str, Any]], model_path: str | Path) -> list[SFTRow]:
+    """The demo transitions as training rows, tokenized by ``model_path``'s tokenizer (:func:`sft_rows`)."""
+    from ziprl.policy.models import load_tokenizer
+
+    return sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
+
+
+def sft_order(cfg: ZipRLConfig, rows: Sequence[SFTRow]) -> dict[str, Any]:
+    """What fixes an SFT's step order (the rows' tokens, the epochs, the rows per step, the seed): its checkpoints'
+    data position, with ``steps_done``, so a resume with other demos or settings is refused."""
     h = hashlib.sha256()
     for r in rows:
         h.update(json.dumps([r.response_start, r.input_ids]).encode())
-    return {"steps_done": steps_done, "rows_sha256": h.hexdigest(), "epochs": cfg.sft.epochs,
-            "micro_batch": cfg.sft.micro_batch, "seed": cfg.learner.seed}
+    return {"rows_sha256": h.hexdigest(), "epochs": cfg.sft.epochs, "micro_batch": cfg.sft.micro_batch,
+            "seed": cfg.learner.seed}
 
 
-def check_sft_resume(out_dir: Path, position: dict[str, Any]) -> None:
+def check_sft_resume(out_dir: Path, order: dict[str, Any]) -> None:
     """CheckpointError, before any model loads, unless ``out_dir``'s latest checkpoint was written by an SFT run
-    of the same rows and step order as ``position``."""
+    of the same step order (:func:`sft_order`)."""
     from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         raise CheckpointError(f"{out_dir} has no SFT checkpoint to resume from; start it again without resuming")
     saved = json.loads((verify_checkpoint(ckpt) / "state.json").read_text(encoding="utf-8"))["data_position"]
-    differ = [k for k in position if k != "steps_done" and saved.get(k) != position[k]]
+    differ = [k for k in order if saved.get(k) != order[k]]
     if differ or not isinstance(saved.get("steps_done"), int):
         what = "the demonstration rows (demos file, tokenizer or sft.max_seq_len)" if "rows_sha256" in differ else \
-            ", ".join(f"{k} {saved.get(k)!r} then, {position[k]!r} now" for k in differ) or "its position"
+            ", ".join(f"{k} {saved.get(k)!r} then, {order[k]!r} now" for k in differ) or "its position"
         raise CheckpointError(f"SFT checkpoint {ckpt} does not fit this run: {what} changed; resume with the demos "
                               "and settings it started with, or start over (--overwrite)")
 
