@@ -294,12 +294,29 @@ def test_a_third_arm_is_compared_with_grpo_beside_the_default_recipe(learning, t
     assert f1 == pytest.approx({f"w={w:g} - w=0 at step {k}": w for w in (0.2, 1.0) for k in (1, 2)})
 
 
-@pytest.mark.parametrize("weights", ["0,1", "0,0.2,0.2", "0,0.2,x"])
-def test_weights_without_the_default_recipe_repeated_or_not_numbers_are_refused(learning, weights, capsys):
+def test_arms_without_the_default_recipe_are_compared_and_the_goals_say_they_were_not_judged(learning, tmp_path,
+                                                                                              monkeypatch):
+    """``--weights 0,1`` (a dose arm added to another session's seed): w = 1 is paired with GRPO; issue 47's goals,
+    which judge w = 0.2, are reported as not judged rather than failed."""
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    weights = learning.parse_args(["--weights", "0,1"]).weights
+    assert weights == (0.0, 1.0)
+    evals = {"stage1": _eval(learning, [0.0] * 4)} | {
+        learning.eval_key(w, 0, k): _eval(learning, [w] * 4) for w in weights for k in (1, 2)}
+    goals = learning.report(evals, {f"w{w:g}_seed0": [{}, {}] for w in weights}, _meta([0], weights), "w1")
+    assert [g["met"] for g in goals] == [None] and "w = 0.2 not run (weights 0, 1)" in goals[0]["measured"]
+    f1 = {r["comparison"]: r["mean"] for r in json.loads((tmp_path / "w1_diff.json").read_text())["rows"]
+          if r["metric"] == "f1" and " - w=0 " in r["comparison"]}
+    assert f1 == pytest.approx({f"w=1 - w=0 at step {k}": 1.0 for k in (1, 2)})
+
+
+@pytest.mark.parametrize("weights", ["0,0.2,0.2", "0,0.2,x", ","])
+def test_weights_repeated_or_not_numbers_are_refused(learning, weights, capsys):
     with pytest.raises(SystemExit) as exc:
         learning.parse_args(["--weights", weights])
     assert exc.value.code == 2
-    assert "including 0.2" in capsys.readouterr().err
+    assert "give distinct numbers" in capsys.readouterr().err
 
 
 def test_quick_report_compares_hrr_with_stage_1_only(learning, tmp_path, monkeypatch):
