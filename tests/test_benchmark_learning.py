@@ -601,7 +601,8 @@ def _demo_cfg(tmp_path: Path, questions: str, corpus: str):
 
 
 def test_the_stage1_cache_is_keyed_by_the_demonstration_data(tmp_path):
-    """Same config, other questions or another corpus: another Stage-1 directory; the same data: the same one."""
+    """Same config, other questions or another corpus: another Stage-1 directory; the same data (however often its
+    demos and SFT save their progress): the same one."""
     from ziprl.learner.sft import stage1_dir
 
     qa = '{"id": "q1", "question": "Who?", "answers": ["Ann"]}\n'
@@ -610,6 +611,9 @@ def test_the_stage1_cache_is_keyed_by_the_demonstration_data(tmp_path):
     assert stage1_dir(_demo_cfg(tmp_path, qa, corpus)) == first
     assert stage1_dir(_demo_cfg(tmp_path, qa.replace("Ann", "Bob"), corpus)) != first
     assert stage1_dir(_demo_cfg(tmp_path, qa, corpus.replace("Ann", "Bob"))) != first
+    how_often = _demo_cfg(tmp_path, qa, corpus)  # how often Stage 1 saves its progress does not change it
+    how_often.demos.checkpoint_every, how_often.sft.checkpoint_every = 7, 9
+    assert stage1_dir(how_often) == first
     assert first.parent == tmp_path / "cache" / "stage1"
 
 

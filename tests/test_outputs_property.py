@@ -138,7 +138,7 @@ def eval_stub(cfg, strategies, out, resume=False) -> dict:
     return {}
 
 
-def demos_stub(cfg, examples=None) -> tuple[Path, dict]:
+def demos_stub(cfg, examples=None, **_) -> tuple[Path, dict]:
     counts = dict.fromkeys(("kept", "episodes", "wrong", "malformed", "no_supporting_titles", "transitions"), 1)
     return write_demos([DEMO_ROW], cfg.demos.out), counts
 

@@ -4,14 +4,15 @@ episodes are kept, and the file is what SFT reads."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from ziprl.cli.demos import main
-from ziprl.config import ZipRLConfig
+from ziprl.config import ZipRLConfig, load_config
 from ziprl.env.demos import synthesize
 from ziprl.env.protocol import parse_turn
-from ziprl.learner.sft import read_demos
+from ziprl.learner.sft import DemoFileError, read_demos
 from ziprl.retrieval.datasets import load_dataset
 from ziprl.retrieval.retriever import Retriever
 from ziprl.retrieval.types import QAExample
@@ -80,3 +81,146 @@ def test_limit_is_per_dataset_among_playable_questions(tmp_path, word_retriever)
     assert counts["no_supporting_titles"] == 0
     assert {d["messages"][1]["content"].splitlines()[0] for d in read_demos(path)} == {
         "Question: Where is Paris?", "Question: Who is Scott Derrickson?"}
+
+
+def stop_after(n: int, checkpoint: bool = True):
+    """A ``stop`` for synthesize that raises a SIGTERM's Stop after its ``n``-th question."""
+    import signal
+
+    from ziprl.loop.stop import Stop
+
+    calls = []
+
+    def stop() -> None:
+        calls.append(1)
+        if len(calls) == n:
+            raise Stop(signal.SIGTERM, checkpoint=checkpoint)
+
+    return stop
+
+
+def _cfg(tmp_path, *more: str):
+    from ziprl.config import load_config
+    from ziprl.retrieval.datasets import write_qa_jsonl
+
+    qa = write_qa_jsonl([QAExample("q1", "Where is Paris?", ["France"], ["Paris"]),
+                         QAExample("q2", "Who?", ["x"]),  # no supporting titles
+                         QAExample("q3", "Who is Ed Wood?", ["a filmmaker"], ["Ed Wood"]),
+                         QAExample("q4", "Who is Scott Derrickson?", ["a director"], ["Scott Derrickson"]),
+                         QAExample("q5", "Where is Paris?", ["?!"], ["Paris"])],  # answered wrong
+                        tmp_path / "qa" / "qa.jsonl")
+    return load_config(None, [f"demos.datasets={qa}", "demos.limit=0", f"demos.out={tmp_path / 'd.parquet'}", *more])
+
+
+def _table(path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def test_a_stopped_run_keeps_its_progress_and_resumed_writes_what_a_straight_run_does(tmp_path, word_retriever,
+                                                                                     monkeypatch):
+    """Stopped after question 3 of 5 (a SIGTERM's Stop), the progress file holds those questions' episodes and
+    counts and no demos file is written; resumed, only questions 4 and 5 are played, the demos equal a run that was
+    never stopped, and the progress file is gone."""
+    from ziprl.env import demos
+    from ziprl.loop.stop import Stop
+
+    straight, _ = demos.build_demos(_cfg(tmp_path / "a"), retriever=word_retriever, progress=False)
+    cfg = _cfg(tmp_path / "b")
+    with pytest.raises(Stop):
+        demos.build_demos(cfg, retriever=word_retriever, progress=False, stop=stop_after(3))
+    out = Path(cfg.demos.out)
+    partial = demos.partial_path(out)
+    assert not out.exists() and demos.is_partial_file(partial) and not demos.is_demos_file(partial)
+    saved = demos.read_partial(partial, demos.demo_settings(cfg, demos.demo_examples(cfg)))
+    assert saved.done == 3 and saved.counts == {"episodes": 2, "kept": 2, "wrong": 0, "malformed": 0,
+                                                "no_supporting_titles": 1}
+    assert {r["question_id"] for r in saved.rows} == {"q1", "q3"}
+    with pytest.raises(DemoFileError, match="progress of a stopped ziprl.demos"):  # SFT cannot take it for demos
+        read_demos(partial)
+
+    played = []
+    real_play = demos.play
+    monkeypatch.setattr(demos, "play", lambda env, teacher, ex: played.append(ex.id) or real_play(env, teacher, ex))
+    path, counts = demos.build_demos(cfg, retriever=word_retriever, progress=False, resume=True)
+    assert played == ["q4", "q5"]
+    assert counts == {"episodes": 4, "kept": 3, "wrong": 1, "malformed": 0, "no_supporting_titles": 1,
+                      "transitions": len(_table(path))}
+    assert _table(path) == _table(straight) and demos.is_demos_file(path)
+    assert not partial.exists()
+
+
+def test_progress_is_saved_every_checkpoint_every_questions_and_a_build_continues_it(tmp_path, word_retriever):
+    """With ``demos.checkpoint_every=2`` a run killed after question 3 (a second signal: no save then) keeps the
+    progress of question 2; a build with the same settings (as launch's Stage 1 runs it) continues from there."""
+    from ziprl.env import demos
+
+    cfg = _cfg(tmp_path, "demos.checkpoint_every=2")
+    with pytest.raises(KeyboardInterrupt):
+        demos.build_demos(cfg, retriever=word_retriever, progress=False, stop=stop_after(3, checkpoint=False))
+    partial = demos.partial_path(cfg.demos.out)
+    assert demos.read_partial(partial, demos.demo_settings(cfg, demos.demo_examples(cfg))).done == 2
+    path, counts = demos.build_demos(cfg, retriever=word_retriever, progress=False)
+    assert counts["episodes"] == 4 and not partial.exists()
+    straight, _ = demos.build_demos(_cfg(tmp_path / "a"), retriever=word_retriever, progress=False)
+    assert _table(path) == _table(straight)
+
+
+def test_resuming_with_other_settings_or_questions_is_refused_naming_them(tmp_path, word_retriever):
+    from ziprl.env import demos
+
+    cfg = _cfg(tmp_path, "env.top_k=3")
+    with pytest.raises(KeyboardInterrupt):
+        demos.build_demos(cfg, retriever=word_retriever, progress=False, stop=stop_after(2))
+    partial = demos.partial_path(cfg.demos.out)
+    before = partial.read_bytes()
+    with pytest.raises(demos.DemoResumeError, match="env.top_k 3 then, 2 now"):
+        demos.build_demos(_cfg(tmp_path, "env.top_k=2"), retriever=word_retriever, progress=False, resume=True)
+    fewer = load_config(None, [f"demos.datasets={cfg.demos.datasets[0]}", "demos.limit=2", "env.top_k=3",
+                               f"demos.out={cfg.demos.out}"])
+    with pytest.raises(demos.DemoResumeError, match="questions.count 5 then, 2 now"):
+        demos.build_demos(fewer, retriever=word_retriever, progress=False, resume=True)
+    assert partial.read_bytes() == before and not Path(cfg.demos.out).exists()
+    with pytest.raises(demos.DemoResumeError, match="no stopped run to continue"):
+        demos.build_demos(_cfg(tmp_path / "new"), retriever=word_retriever, progress=False, resume=True)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_demos_command_with_its_progress_and_resume_finishes(tmp_path):
+    """``python -m ziprl.demos`` on SIGTERM: exit 143 with its progress; run again it refuses (exit 2) without
+    --resume, and with another --limit; ``--resume`` writes the demos a straight run writes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ziprl.env.demos import partial_path
+
+    out = tmp_path / "demos.parquet"
+    command = [sys.executable, "-m", "ziprl.demos", "--datasets", "sample", "--limit", "12", "--out", str(out),
+               "--set", "demos.checkpoint_every=1"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))  # not an inherited SIG_IGN
+    deadline = time.monotonic() + 600
+    while not partial_path(out).is_file():  # a question is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 143, output
+    assert "[demos] stopped after question" in output and not out.exists()
+    done = int(output.split("[demos] stopped after question ")[1].split()[0])
+    assert 1 <= done < 12
+
+    before = partial_path(out).read_bytes()
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 2 and "pass --resume to continue it" in again.stderr, again.stderr
+    other = subprocess.run([*command[:5], "--limit", "10", *command[7:], "--resume"], capture_output=True, text=True)
+    assert other.returncode == 2 and "questions.count 12 then, 10 now" in other.stderr, other.stderr
+    assert partial_path(out).read_bytes() == before and not out.exists()
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0 and "kept 12/12 episodes" in resumed.stdout, resumed.stderr
+    assert not partial_path(out).exists()
+    assert main(["--datasets", "sample", "--limit", "12", "--out", str(tmp_path / "straight.parquet")]) == 0
+    assert _table(out) == _table(tmp_path / "straight.parquet")

@@ -1,11 +1,13 @@
 """Cold-start demonstrations: the scripted teacher plays episodes through the real retriever.
 
-    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 100] [--out runs/demos.parquet] [--overwrite]
-                          [--config FILE.yaml] [--set section.field=value ...]
+    python -m ziprl.demos [--datasets hotpotqa,musique] [--limit 100] [--out runs/demos.parquet]
+                          [--resume | --overwrite] [--config FILE.yaml] [--set section.field=value ...]
 
 Only correct, well-formed trajectories are kept; the Parquet file holds one row per transition for
 transition-level SFT (``python -m ziprl.sft``). See :mod:`ziprl.env.demos`. An existing ``--out`` is replaced
-only with ``--overwrite``, and only when it is a demos file ZipRL wrote (see :mod:`ziprl.outputs`).
+only with ``--overwrite``, and only when it is a demos file ZipRL wrote (see :mod:`ziprl.outputs`). SIGINT or
+SIGTERM stops it at the end of the episode under way with its progress in ``<out>.partial`` (as it saves every
+``demos.checkpoint_every`` questions); ``--resume`` continues from there, with the same questions and settings.
 """
 
 from __future__ import annotations
@@ -16,8 +18,16 @@ import sys
 from ziprl.boundary import run_command
 from ziprl.cli.common import overrides
 from ziprl.config import load_config
-from ziprl.env.demos import build_demos, demo_examples, is_demos_file
-from ziprl.outputs import check_file
+from ziprl.env.demos import (
+    DemoResumeError,
+    build_demos,
+    demo_examples,
+    is_demos_file,
+    is_partial_file,
+    partial_path,
+)
+from ziprl.loop.stop import StopSignals
+from ziprl.outputs import OutputError, check_file
 
 
 @run_command
@@ -27,15 +37,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", help="comma-separated dataset names (sample, hotpotqa, musique, pooled, a path)")
     ap.add_argument("--limit", type=int, help="questions per dataset (0 = all)")
     ap.add_argument("--out")
-    ap.add_argument("--overwrite", action="store_true", help="replace --out when it is a demos file ZipRL wrote")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run that was writing --out from its progress (same questions and settings)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace --out, or a stopped run's progress, when ZipRL wrote it")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = ap.parse_args(argv)
     flags = {"demos.datasets": args.datasets, "demos.limit": args.limit, "demos.out": args.out}
+    if args.resume and args.overwrite:
+        raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or start again)")
     cfg = load_config(args.config, overrides(flags, args.set))
     cfg.demos.out = str(check_file(cfg.demos.out, args.overwrite, is_demos_file, "a demos file ziprl.demos wrote",
                                    "demos.parquet"))  # normalised, checked before any episode is played
+    partial = check_file(partial_path(cfg.demos.out), True, is_partial_file,
+                         "the progress file of a stopped ziprl.demos", "demos.parquet")
     examples = demo_examples(cfg)
-    path, counts = build_demos(cfg, examples=examples)
+    if partial.exists() and not (args.resume or args.overwrite):
+        raise DemoResumeError(f"{partial} holds the progress of a stopped run writing {cfg.demos.out}; pass --resume "
+                              "to continue it, or --overwrite to start again")
+    with StopSignals("demos") as stop:
+        path, counts = build_demos(cfg, examples=examples, resume=args.resume, stop=stop.check)  # checks it first
     print(f"[demos] kept {counts['kept']}/{counts['episodes']} episodes ({counts['wrong']} wrong, "
           f"{counts['malformed']} malformed, {counts['no_supporting_titles']} without supporting titles); "
           f"{counts['transitions']} transitions -> {path}")

@@ -3,7 +3,7 @@ each field's help and range, validation) and the loader (:mod:`ziprl.config.load
 ``section.field=value`` overrides). ``python -m ziprl.config --show [--config FILE] [--set a.b=c]`` prints the
 effective config with each field's help (:mod:`ziprl.config.show`)."""
 
-from ziprl.config.loader import apply_override, from_dict, load_config, yaml_value
+from ziprl.config.loader import apply_override, differences, from_dict, load_config, yaml_value
 from ziprl.config.schema import (
     DTYPES,
     HTTP_TOKEN_ENV,
@@ -34,5 +34,5 @@ __all__ = [
     "DTYPES", "HTTP_TOKEN_ENV", "INT_MAX", "LOOPBACK", "RANGES", "ConfigError", "DataConfig",
     "DemoConfig", "EnvConfig", "LearnerConfig", "ModelConfig", "RayConfig", "RetrieverConfig", "RunConfig",
     "SFTConfig", "SamplingConfig", "ScoringConfig", "WeightsConfig", "ZipRLConfig", "apply_override", "check_range",
-    "check_top_k", "describe", "from_dict", "load_config", "main", "resolve_engine_dtype", "yaml_value",
+    "check_top_k", "describe", "differences", "from_dict", "load_config", "main", "resolve_engine_dtype", "yaml_value",
 ]

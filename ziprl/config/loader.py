@@ -270,3 +270,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for o in overrides or []:
         apply_override(cfg, o)
     return cfg.validate()
+
+
+def differences(then: dict[str, typing.Any], now: dict[str, typing.Any], prefix: str = "") -> list[str]:
+    """``section.field old then, new now`` for every leaf where two config dicts differ."""
+    out = []
+    for key in sorted(then.keys() | now.keys()):
+        a, b = then.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {a!r} then, {b!r} now")
+    return out

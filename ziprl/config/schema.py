@@ -302,6 +302,9 @@ class DemoConfig:
     datasets: list[str] = opt(factory=lambda: ["sample"], help="QA sets to play; paper-style: [hotpotqa, musique].")
     limit: int = opt(6, "questions per dataset, among those with supporting titles; 0 = every question.")
     out: str = opt("runs/demos.parquet", "where the demonstration trajectories are written.")
+    checkpoint_every: int = opt(500, "save the progress (the questions played, the kept transitions) to "
+                                     "<out>.partial every this many questions, which a resumed run continues from; "
+                                     "0 = only when stopped by SIGINT or SIGTERM. Deleted once <out> is written.")
 
 
 @dataclass
@@ -542,7 +545,7 @@ RANGES = {  # the values each numeric config field allows (tests/config/test_sch
     "learner.steps": AT_LEAST_1, "learner.seed": SEED,
     "sft.lr": POSITIVE, "sft.epochs": AT_LEAST_1, "sft.micro_batch": AT_LEAST_1, "sft.max_seq_len": Range(2),
     "sft.checkpoint_every": Range(0, note="0 = only when stopped"),
-    "demos.limit": Range(0, note="0 = every question"),
+    "demos.limit": Range(0, note="0 = every question"), "demos.checkpoint_every": Range(0, note="0 = only when stopped"),
     "ray.num_rollout_actors": AT_LEAST_1, "ray.rollout_actor_cpus": RAY_CPUS, "ray.learner_ranks": AT_LEAST_1,
     "ray.learner_cpus": RAY_CPUS, "ray.learner_gpus": RAY_GPUS, "ray.rollout_gpus": RAY_GPUS,
     "ray.retriever_replicas": AT_LEAST_1, "ray.retriever_cpus": RAY_CPUS, "ray.retriever_max_batch": AT_LEAST_1,

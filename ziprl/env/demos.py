@@ -4,19 +4,28 @@ The teacher searches each supporting title, opens the matching passage, writes a
 level chosen by relevance to the question (more supporting content -> finer level) and answers gold.
 As in the paper, only correct, well-formed trajectories are kept; the file holds one row per transition
 (``messages`` as JSON, ``response``) for transition-level SFT (:mod:`ziprl.learner.sft`).
+
+A run stopped by SIGINT or SIGTERM (at the end of the episode under way), or killed, keeps its progress in
+``<out>.partial`` (written every ``demos.checkpoint_every`` episodes and on a stop); the same build continues from
+it, checked field by field against its settings and questions, and deletes it once ``<out>`` is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ziprl.config import ZipRLConfig
+from ziprl.boundary import UserError
+from ziprl.config import ZipRLConfig, differences
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.outputs import check_file
@@ -28,38 +37,74 @@ SCHEMA = pa.schema([("question_id", pa.string()), ("source", pa.string()), ("tur
                     ("messages", pa.string()), ("response", pa.string()), ("action", pa.string()),
                     ("level", pa.int8()), ("q_com", pa.float64())])
 GENERATOR_KEY, GENERATOR = b"ziprl.generator", b"ziprl.demos"  # Parquet schema metadata: who wrote the file
+PARTIAL = b"ziprl.demos.partial"  # the generator of a stopped run's progress file (:func:`write_partial`)
+PROGRESS_KEY = b"ziprl.progress"  # its position, counts and settings (JSON)
+COUNTS = ("episodes", "kept", "wrong", "malformed", "no_supporting_titles")
 
 
-def synthesize(cfg: ZipRLConfig, examples: list[QAExample], retriever: RetrieverLike,
-               progress: bool = True) -> tuple[list[dict], dict[str, int]]:
-    """Transitions of the kept (correct and well-formed) episodes, and counts of kept/dropped episodes."""
+class DemoResumeError(UserError):
+    """A stopped demos run cannot be continued as asked; the message says why and what to pass instead."""
+
+
+@dataclass
+class DemoProgress:
+    """Where a demos run stands: questions played (in order), the kept episodes' transitions, episode counts."""
+
+    done: int = 0
+    rows: list[dict] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+
+
+def play(env: SearchCompressEnv, teacher: ScriptedTeacher, ex: QAExample) -> tuple[str, list[dict]]:
+    """One teacher episode on ``ex``: its outcome (a :data:`COUNTS` name other than ``episodes``) and transitions."""
+    if not ex.supporting_titles:
+        return "no_supporting_titles", []
+    _, info = env.reset(options={"example": ex})
+    episode, done, ok = [], False, True
+    while not done:
+        messages, response = info["messages"], teacher.respond(env)
+        _, _, term, trunc, info = env.step(response)
+        ok &= info["format_error"] is None and info["tool_error"] is None
+        episode.append({"question_id": ex.id, "source": ex.source, "turn": info["turn"],
+                        "messages": json.dumps(messages, ensure_ascii=False), "response": response,
+                        "action": info["action"], "level": info["level"], "q_com": info["q_com"]})
+        done = term or trunc
+    if not ok:
+        return "malformed", episode
+    return ("kept" if term and info.get("em") == 1.0 else "wrong"), episode
+
+
+def synthesize(cfg: ZipRLConfig, examples: list[QAExample], retriever: RetrieverLike, progress: bool = True,
+               state: DemoProgress | None = None, stop: Callable[[], None] | None = None,
+               save: Callable[[DemoProgress], None] | None = None) -> tuple[list[dict], dict[str, int]]:
+    """Transitions of the kept (correct and well-formed) episodes, and counts of kept/dropped episodes.
+
+    Continues ``state`` (a stopped run's :class:`DemoProgress`). ``save`` is given the progress every
+    ``demos.checkpoint_every`` episodes; ``stop`` is called after each question, and a
+    :class:`ziprl.loop.stop.Stop` it raises (a SIGINT or SIGTERM) saves the progress, then stops."""
     env = SearchCompressEnv(cfg.env, retriever=retriever, examples=examples)
-    teacher = ScriptedTeacher()
-    rows: list[dict] = []
-    counts = {"episodes": 0, "kept": 0, "wrong": 0, "malformed": 0, "no_supporting_titles": 0}
-    for ex in tqdm(examples, desc="demos", unit="q", disable=not progress):
-        if not ex.supporting_titles:
-            counts["no_supporting_titles"] += 1
-            continue
-        counts["episodes"] += 1
-        _, info = env.reset(options={"example": ex})
-        episode, done, ok = [], False, True
-        while not done:
-            messages, response = info["messages"], teacher.respond(env)
-            _, _, term, trunc, info = env.step(response)
-            ok &= info["format_error"] is None and info["tool_error"] is None
-            episode.append({"question_id": ex.id, "source": ex.source, "turn": info["turn"],
-                            "messages": json.dumps(messages, ensure_ascii=False), "response": response,
-                            "action": info["action"], "level": info["level"], "q_com": info["q_com"]})
-            done = term or trunc
-        if not ok:
-            counts["malformed"] += 1
-        elif not (term and info.get("em") == 1.0):
-            counts["wrong"] += 1
-        else:
-            counts["kept"] += 1
-            rows.extend(episode)
-    return rows, counts
+    teacher, state = ScriptedTeacher(), state or DemoProgress()
+    every = cfg.demos.checkpoint_every
+    with tqdm(total=len(examples), initial=state.done, desc="demos", unit="q", disable=not progress) as bar:
+        try:
+            while state.done < len(examples):
+                outcome, episode = play(env, teacher, examples[state.done])
+                state.counts["episodes"] += outcome != "no_supporting_titles"
+                state.counts[outcome] += 1
+                state.rows.extend(episode if outcome == "kept" else ())
+                state.done += 1
+                bar.update()
+                if save is not None and every and state.done % every == 0 and state.done < len(examples):
+                    save(state)
+                if stop is not None:
+                    stop()
+        except KeyboardInterrupt as exc:  # a Stop from ``stop`` (between questions) says whether to save
+            if save is not None and getattr(exc, "checkpoint", False):
+                save(state)
+                print(f"\n[demos] stopped after question {state.done} of {len(examples)}; the same command with "
+                      "--resume continues from there", flush=True)
+            raise
+    return state.rows, state.counts
 
 
 def is_demos_file(path: Path) -> bool:
@@ -70,12 +115,62 @@ def is_demos_file(path: Path) -> bool:
         return False
 
 
+def is_partial_file(path: Path) -> bool:
+    """Whether ``path`` is the progress file :func:`write_partial` wrote."""
+    try:
+        return (pq.read_schema(path).metadata or {}).get(GENERATOR_KEY) == PARTIAL
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def write_demos(rows: list[dict], path: str | Path) -> Path:
     """Write the transitions to ``path`` atomically; refused (OutputError) over a file that is not a demos file."""
     path = check_file(path, True, is_demos_file, "a demos file ziprl.demos wrote", "demos.parquet")
     with atomic_path(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA.with_metadata({GENERATOR_KEY: GENERATOR})), tmp)
     return path
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where a stopped run writing ``out`` keeps its progress."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+def demo_settings(cfg: ZipRLConfig, examples: list[QAExample]) -> dict:
+    """What the transitions are made from: the env and retriever settings, the QA sets, and the questions (their
+    number and a sha256 of their content), compared field by field when a stopped run is continued."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps([ex.id, ex.question, list(ex.answers), list(ex.supporting_titles), ex.source]).encode())
+    return json.loads(json.dumps({"env": dataclasses.asdict(cfg.env), "retriever": dataclasses.asdict(cfg.retriever),
+                                  "datasets": list(cfg.demos.datasets),
+                                  "questions": {"count": len(examples), "sha256": h.hexdigest()}}))
+
+
+def write_partial(state: DemoProgress, path: Path, settings: dict) -> None:
+    """``state`` to the progress file ``path`` (atomically; refused over a file it did not write)."""
+    path = check_file(path, True, is_partial_file, "the progress file of a stopped ziprl.demos", "demos.parquet")
+    meta = {GENERATOR_KEY: PARTIAL, PROGRESS_KEY: json.dumps(
+        {"done": state.done, "counts": state.counts, "settings": settings}).encode()}
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(state.rows, schema=SCHEMA.with_metadata(meta)), tmp)
+
+
+def read_partial(path: Path, settings: dict) -> DemoProgress:
+    """The progress in ``path``; DemoResumeError when it is not a progress file or was made with other
+    ``settings`` (naming the fields that differ)."""
+    if not is_partial_file(path):
+        raise DemoResumeError(f"--resume: {path} is not the progress file of a stopped ziprl.demos; drop --resume "
+                              "to start again")
+    table = pq.read_table(path)
+    saved = json.loads(table.schema.metadata[PROGRESS_KEY])
+    differ = differences(saved["settings"], settings)
+    if differ:
+        raise DemoResumeError(f"--resume: {path} was made with other settings or questions ({', '.join(differ[:3])}"
+                              f"{', ...' if len(differ) > 3 else ''}); pass the ones it started with, or --overwrite "
+                              "to start again")
+    return DemoProgress(saved["done"], table.to_pylist(), saved["counts"])
 
 
 def demo_examples(cfg: ZipRLConfig) -> list[QAExample]:
@@ -90,17 +185,39 @@ def demo_examples(cfg: ZipRLConfig) -> list[QAExample]:
     return examples
 
 
+def resumed(cfg: ZipRLConfig, examples: list[QAExample], resume: bool | None) -> DemoProgress | None:
+    """The progress :func:`build_demos` continues from: with ``resume`` True, the stopped run's (DemoResumeError
+    when there is none, or it does not fit); None, that one when there is one that fits; False, none."""
+    path, settings = partial_path(cfg.demos.out), demo_settings(cfg, examples)
+    if resume is False or (resume is None and not os.path.lexists(path)):
+        return None
+    if resume and not os.path.lexists(path):
+        raise DemoResumeError(f"--resume: no stopped run to continue ({path} does not exist); drop --resume")
+    try:
+        return read_partial(path, settings)
+    except DemoResumeError:
+        if resume:
+            raise
+        return None  # another build's progress, replaced by this one's
+
+
 def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progress: bool = True,
-                examples: list[QAExample] | None = None) -> tuple[Path, dict]:
+                examples: list[QAExample] | None = None, resume: bool | None = None,
+                stop: Callable[[], None] | None = None) -> tuple[Path, dict]:
     """Synthesize demonstrations for ``examples`` (default: :func:`demo_examples`) and write them to
-    ``cfg.demos.out``."""
+    ``cfg.demos.out``, continuing a stopped run's progress as :func:`resumed` says (``stop``: see
+    :func:`synthesize`)."""
     from ziprl.retrieval.retriever import Retriever
 
     examples = demo_examples(cfg) if examples is None else examples
+    state, settings, partial = resumed(cfg, examples, resume), demo_settings(cfg, examples), partial_path(cfg.demos.out)
     if retriever is None:
         first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
         retriever = Retriever.from_config(retriever_config_for(first))
-    rows, counts = synthesize(cfg, examples, retriever, progress)
+    rows, counts = synthesize(cfg, examples, retriever, progress, state, stop,
+                              save=lambda s: write_partial(s, partial, settings))
     counts["transitions"] = len(rows)
     path = write_demos(rows, cfg.demos.out)
+    if is_partial_file(partial):
+        partial.unlink()  # this run's progress: the demos it led to are written
     return path, counts

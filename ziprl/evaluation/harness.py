@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.boundary import UserError
-from ziprl.config import ZipRLConfig, check_top_k
+from ziprl.config import ZipRLConfig, check_top_k, differences
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, load_trajectories, save_trajectories
 from ziprl.outputs import entries, own_dir
@@ -90,18 +90,6 @@ def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
                               f"{', ...' if len(differ) > 3 else ''}); pass the settings it ran with, or --overwrite "
                               "to start over")
     return results
-
-
-def differences(then: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
-    """``section.field old then, new now`` for every leaf where two config dicts differ."""
-    out = []
-    for key in sorted(then.keys() | now.keys()):
-        a, b = then.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key} {a!r} then, {b!r} now")
-    return out
 
 
 def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
+from ziprl.env.demos import is_partial_file
 from ziprl.outputs import entries, own_dir
 from ziprl.paths import cache_root, not_a_file
 
@@ -108,6 +109,9 @@ def read_demos(path: str | Path) -> list[dict[str, Any]]:
     if problem:
         raise DemoFileError(f"demo file {path} {problem}; pass the demo Parquet file (write one with "
                             "`python -m ziprl.demos`)")
+    if is_partial_file(path):
+        raise DemoFileError(f"{path} is the progress of a stopped ziprl.demos, not finished demos; continue it with "
+                            "`python -m ziprl.demos --resume` and pass the file it writes")
     try:
         table = pq.read_table(path, columns=list(DEMO_COLUMNS))
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
@@ -268,7 +272,9 @@ def stage1_dir(cfg: ZipRLConfig) -> Path:
     content of the data its demonstrations are played on (:func:`demo_data_sha256`)."""
     sft = dataclasses.asdict(cfg.sft)
     del sft["checkpoint_every"]  # how often it checkpoints does not change the model
-    key = json.dumps({"demos": dataclasses.asdict(cfg.demos) | {"out": None}, "sft": sft,
+    demos = dataclasses.asdict(cfg.demos) | {"out": None}
+    del demos["checkpoint_every"]  # nor how often the demos run saves its progress
+    key = json.dumps({"demos": demos, "sft": sft,
                       "env": dataclasses.asdict(cfg.env), "model": cfg.model.path, "seed": cfg.learner.seed,
                       "retriever": dataclasses.asdict(cfg.retriever), "data": demo_data_sha256(cfg)}, sort_keys=True)
     return cache_root(cfg.model.cache_dir) / "stage1" / hashlib.sha256(key.encode()).hexdigest()[:12]

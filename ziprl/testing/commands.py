@@ -130,6 +130,8 @@ CASES = [
     case("ziprl.demos", "malformed corpus", "--set", f"retriever.corpus={D}/malformed.jsonl"),
     case("ziprl.demos", "--out is a directory", "--out", D),
     case("ziprl.demos", "--out under a file", "--out", f"{D}/notes.txt/demos.parquet"),
+    case("ziprl.demos", "--resume and --overwrite", "--out", f"{D}/new.parquet", "--resume", "--overwrite"),
+    case("ziprl.demos", "--resume with nothing to resume", "--out", f"{D}/new.parquet", "--resume"),
     *[case("ziprl.sft", what, "--demos", f"{D}/demos.parquet", "--out", f"{D}/sft", "--set", value)
       for what, value in SETS[:6]],
     *[case("ziprl.sft", what, "--demos", f"{D}/demos.parquet", "--out", f"{D}/sft", "--config", path)
