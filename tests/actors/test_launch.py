@@ -176,7 +176,7 @@ def test_launch_runs_stage1_beside_the_retriever_and_starts_the_actors_beside_th
 def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path, tiny_model_dir, monkeypatch):
     """Stage 1 overlaps the retriever's deploy and the SFT ranks' start. When the demos fail, the launch raises their
     error only once both are done and Ray is stopped: no thread of it is left to act on the stopped Ray (an earlier
-    draft raised at once, and its SFT thread went on to start a new local Ray instance)."""
+    draft raised at once, and its SFT thread went on to start a new local Ray instance), nor Ray's signal handler."""
     from ziprl.actors import launch as launch_module
 
     done: list[str] = []
@@ -201,11 +201,12 @@ def test_a_stage1_error_waits_for_the_overlapped_set_up_then_stops_ray(tmp_path,
         f"run.out_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
         "model.device=cpu", "ray.learner_cpus=0.5", "ray.retriever_cpus=0.25",
     ])
-    start_local_ray(num_cpus=2, include_dashboard=False)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(ValueError, match="no demo episode kept"):
-        launch_module.launch(cfg, progress=False)
+        launch_module.launch(cfg, progress=False)  # starting its own local Ray, as a library caller's launch does
     assert sorted(done) == ["deploy", "ranks"]
     assert not ray.is_initialized()
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler Ray put in went with its cluster
     assert not [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]
 
 

@@ -86,3 +86,26 @@ def test_other_errors_and_a_second_timeout_are_raised(monkeypatch):
     with pytest.raises(Exception, match="timed out during startup"):
         ray_utils.start_local_ray()
     assert calls == [{}, "shutdown", {}]
+
+
+@pytest.mark.ray_cluster
+def test_the_signal_handlers_ray_installs_are_gone_once_its_cluster_is():
+    """``ray.init`` puts in a SIGTERM handler of its own; :func:`signal_handlers_kept` (around ``launch``) puts the
+    caller's back."""
+    import signal
+
+    from ziprl.config import RayConfig
+
+    def mine(signum, frame):  # the caller's own handler
+        pass
+
+    saved = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with ray_utils.signal_handlers_kept():
+            ray_utils.init_ray(RayConfig(), num_cpus=1)
+            assert signal.getsignal(signal.SIGTERM) is not mine  # Ray's, while its cluster runs
+            stop_ray()
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

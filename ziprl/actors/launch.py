@@ -19,7 +19,7 @@ from ray import serve
 
 from ziprl.actors.driver import RayLearner, RaySource, check_resources, start_rollout_actors
 from ziprl.actors.learner_actor import LearnerGroup
-from ziprl.actors.ray_utils import cpu_threads, init_ray, stop_ray
+from ziprl.actors.ray_utils import cpu_threads, init_ray, signal_handlers_kept, stop_ray
 from ziprl.actors.serve_retriever import deploy_retriever
 from ziprl.actors.weight_sender import RaySender
 from ziprl.config import ZipRLConfig, resolve_engine_dtype
@@ -117,7 +117,14 @@ def local_core_share(cfg: ZipRLConfig) -> float | None:
 
 
 def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
-    """Start or join Ray, run Stage 1 if needed, then Stage 2; returns the last step's metrics."""
+    """Start or join Ray, run Stage 1 if needed, then Stage 2; returns the last step's metrics. The signal handlers
+    Ray installs in this process are gone when it returns."""
+    with signal_handlers_kept():
+        return run_on_ray(cfg, progress)
+
+
+def run_on_ray(cfg: ZipRLConfig, progress: bool) -> dict[str, float]:
+    """:func:`launch`'s work: Ray up, Stage 1 and Stage 2, Ray down (a joined cluster: disconnected)."""
     examples = load_questions(cfg.data)
     out = Path(cfg.run.out_dir)
     write_config(out, cfg.to_dict())

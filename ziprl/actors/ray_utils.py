@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -67,6 +71,20 @@ def stop_ray(local: bool = True) -> None:
         ray.shutdown(wait_for_processes=True)
     else:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Puts back on exit the SIGINT and SIGTERM handlers found on entry (in the main thread): ``ray.init`` installs
+    a SIGTERM handler of its own, which would outlive the cluster in the process of a library caller."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if handler is not None:  # None: a handler set outside Python, which cannot be put back from here
+                signal.signal(s, handler)
 
 
 def token_auth_enabled() -> bool:
