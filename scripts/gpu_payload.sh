@@ -8,7 +8,8 @@
 #
 # Writes DIR/payload.tar (wheels/, data/) and DIR/pieces/part-aa, part-ab, ... (DIR default .gpu_payload, which it
 # lists in .git/info/exclude so that it stays out of the working tree), then prints the pieces and the tar's sha256
-# for `scripts/gpu_learn.sh --sha256`. Downloads ~200 MB from PyPI. --dry-run prints the plan only.
+# for `scripts/gpu_learn.sh --sha256`. Downloads ~200 MB from PyPI. --dry-run prints the plan only. DIR is new, empty,
+# or one this script wrote (it holds DIR/.ziprl-gpu-payload); a run replaces only what an earlier one wrote there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,18 @@ version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.a
 DATA=${ZIPRL_SHARED_DATA:-$(cd .. && pwd)/shared/data}
 [ -d "$DATA" ] || { echo "gpu_payload: no shared data at $DATA (set ZIPRL_SHARED_DATA)" >&2; exit 2; }
 
+MARK=$OUT/.ziprl-gpu-payload  # this script wrote DIR: its wheels/, pieces/ and payload.tar may be replaced
+if [ -e "$OUT" ] || [ -L "$OUT" ]; then
+  if [ ! -d "$OUT" ] || [ -L "$OUT" ]; then
+    echo "gpu_payload: --out $OUT exists and is not a directory; choose a new one" >&2
+    exit 2
+  fi
+  if [ ! -f "$MARK" ] && [ -n "$(ls -A "$OUT")" ]; then
+    echo "gpu_payload: --out $OUT holds files this script did not write (no $MARK); nothing was written or deleted: choose a new or empty directory" >&2
+    exit 2
+  fi
+fi
+
 pins=()
 for pkg in deepspeed "${WHEELS[@]}"; do
   ver=$(version "$pkg") || { echo "gpu_payload: $pkg is not installed in $PY's environment" >&2; exit 2; }
@@ -54,7 +67,9 @@ fi
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qxF "/$OUT/" "$exclude" 2>/dev/null || echo "/$OUT/" >> "$exclude"
-rm -rf "$OUT/wheels" "$OUT/pieces" "$OUT/payload.tar"
+mkdir -p "$OUT"
+touch "$MARK"
+rm -rf "$OUT/wheels" "$OUT/pieces" "$OUT/payload.tar"  # an earlier run's, in a directory marked as this script's
 mkdir -p "$OUT/wheels" "$OUT/pieces"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/wheels" "${pins[@]:1}"

@@ -89,6 +89,27 @@ def test_the_payload_plan_pins_what_this_environment_holds():
     assert run(PAYLOAD, "--piece-mb", "0").returncode == 2
 
 
+def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write(tmp_path):
+    """A user's directory as --out: gpu_payload (which replaces its own wheels/ and pieces/) and gpu_learn (which
+    writes its config there) refuse it, exit 2, and leave every file as it was."""
+    mine = tmp_path / "mine"
+    (mine / "wheels").mkdir(parents=True)
+    (mine / "wheels" / "keep.whl").write_bytes(b"my wheel")
+    (mine / "learn-gpu.yaml").write_text("my notes\n")
+    payload = run(PAYLOAD, "--dry-run", "--out", str(mine))  # checked before the plan, as before any download
+    assert payload.returncode == 2 and "did not write" in payload.stderr, payload.stderr
+    learn = run(LEARN, "--dry-run", "--out", str(mine))
+    assert learn.returncode == 2 and "not known to be a benchmark's working directory" in learn.stderr, learn.stderr
+    assert (mine / "wheels" / "keep.whl").read_bytes() == b"my wheel"
+    assert (mine / "learn-gpu.yaml").read_text() == "my notes\n"
+    assert sorted(p.name for p in mine.rglob("*")) == ["keep.whl", "learn-gpu.yaml", "wheels"]
+    (tmp_path / "file").write_text("x")
+    assert run(PAYLOAD, "--dry-run", "--out", str(tmp_path / "file")).returncode == 2
+    ours = tmp_path / "ours"  # one it wrote (marked) or an empty one passes the check (then the dry run stops)
+    (ours).mkdir()
+    assert run(PAYLOAD, "--dry-run", "--out", str(ours)).returncode == 0
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_scripts_are_shellcheck_clean():
     done = subprocess.run(["shellcheck", str(LEARN), str(PAYLOAD)], capture_output=True, text=True)
