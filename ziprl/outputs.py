@@ -42,7 +42,7 @@ from ziprl.paths import atomic_write_json
 MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
 MARKER_FORMAT = 1
 KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report",
-         "bench": "a benchmark's working directory"}
+         "bench": "a benchmark's working directory", "model": "a model directory export_model wrote"}
 DEFAULT_KIND = "run"  # a marker without a kind: written when runs were the only kind
 SHOWN = 5  # offending entries named in an error
 

@@ -116,6 +116,33 @@ def test_export_model_loads_the_checkpoint_weights(tiny_model_dir, batches, tmp_
     assert not (tmp_path / "nope").exists()
 
 
+def test_export_model_never_replaces_what_it_did_not_write(tiny_model_dir, batches, tmp_path):
+    """An existing --out is replaced only with ``overwrite`` and only when an earlier export wrote it and it holds
+    nothing else: a user's directory or file, or an export the user added a file to, is refused, untouched."""
+    from ziprl.outputs import OutputError
+
+    run = Trainer(make_cfg(beta=0.0, lr=1e-2), tiny_model_dir)
+    run.train_step(batches[0])
+    path = save_checkpoint(run, tmp_path / "run", {})
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    for target in (mine, tmp_path / "file"):
+        for overwrite in (False, True):
+            with pytest.raises(OutputError, match="is not a model directory export_model wrote"):
+                export_model(path, tiny_model_dir, target, overwrite=overwrite)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (tmp_path / "file").read_text() == "mine"
+    out = export_model(path, tiny_model_dir, tmp_path / "exported")
+    with pytest.raises(OutputError, match="pass overwrite=True"):
+        export_model(path, tiny_model_dir, out)
+    assert export_model(path, tiny_model_dir, out, overwrite=True) == out
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="also holds notes.txt"):
+        export_model(path, tiny_model_dir, out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize(("stored", "resume", "set_bf16", "expected"), [
     (True, True, None, True), (False, True, None, False),  # null: the checkpoint's decision
     (True, False, None, None),  # a fresh run measures

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import re
 import shutil
@@ -37,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from ziprl.boundary import UserError
 from ziprl.learner.distributed import rank, world_size
 from ziprl.learner.tensor_file import write_tensors
+from ziprl.outputs import MARKER, OutputError, normalise, read_marker, shown, write_marker
 from ziprl.paths import atomic_dir, atomic_write_text
 from ziprl.policy.models import check_safetensors
 
@@ -215,21 +217,45 @@ def verify_checkpoint(path: str | Path) -> Path:
 
 
 
-def export_model(checkpoint: str | Path, base_model: str | Path, out: str | Path) -> Path:
+def export_model(checkpoint: str | Path, base_model: str | Path, out: str | Path, overwrite: bool = False) -> Path:
     """An HF model directory at ``out``: ``base_model``'s config and tokenizer files with ``checkpoint``'s weights.
 
     ``base_model`` is the directory the run started from (``run.sft_checkpoint`` or ``model.path``); the result
-    loads with ``from_pretrained`` and as ``model.path`` (e.g. ``python -m ziprl.eval --model OUT``).
+    loads with ``from_pretrained`` and as ``model.path`` (e.g. ``python -m ziprl.eval --model OUT``). ``out`` is new,
+    or, with ``overwrite``, a directory an earlier export wrote (its marker) holding nothing else; anything else is
+    refused (OutputError) before anything is written.
     """
     checkpoint, base_model = verify_checkpoint(checkpoint), Path(base_model)
     if not (base_model / "config.json").is_file():
         raise CheckpointError(f"{base_model} is not a model directory (no config.json); pass the run's base model")
-    with atomic_dir(Path(out)) as tmp:
-        for f in base_model.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json")):  # weights come from the checkpoint
-                shutil.copy2(f, tmp / f.name)
+    copied = [f for f in base_model.iterdir()
+              if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json"))]  # weights: the checkpoint's
+    out = export_target(out, overwrite, {MARKER, "model.safetensors", *(f.name for f in copied)})
+    with atomic_dir(out) as tmp:
+        for f in copied:
+            shutil.copy2(f, tmp / f.name)
         save_file(load_file(checkpoint / "model.safetensors"), tmp / "model.safetensors", metadata={"format": "pt"})
-    return Path(out)
+        write_marker(tmp, "model")
+    return out
+
+
+def export_target(out: str | Path, overwrite: bool, writes: set[str]) -> Path:
+    """``out`` normalised, once :func:`export_model` may write it: new, or with ``overwrite`` a directory marked as an
+    export holding only the names in ``writes``; OutputError otherwise."""
+    path = normalise(out)
+    if not os.path.lexists(path):
+        return path
+    marker = read_marker(path) if path.is_dir() and not path.is_symlink() else None
+    if marker is None or marker["kind"] != "model":
+        raise OutputError(f"{out} exists and is not a model directory export_model wrote; nothing was written: "
+                          "pass a new path")
+    if not overwrite:
+        raise OutputError(f"{out} exists (a model export_model wrote); pass overwrite=True to replace it, or a new path")
+    other = sorted(p.name for p in path.iterdir() if p.name not in writes)
+    if other:
+        raise OutputError(f"{out} also holds {shown(other)}, which export_model did not write; nothing was written: "
+                          "pass a new path")
+    return path
 
 
 def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, Any]:
