@@ -16,6 +16,7 @@ from ziprl.learner.sft import DemoFileError, read_demos
 from ziprl.retrieval.datasets import load_dataset
 from ziprl.retrieval.retriever import Retriever
 from ziprl.retrieval.types import QAExample
+from ziprl.testing.stops import stop_after
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +82,6 @@ def test_limit_is_per_dataset_among_playable_questions(tmp_path, word_retriever)
     assert counts["no_supporting_titles"] == 0
     assert {d["messages"][1]["content"].splitlines()[0] for d in read_demos(path)} == {
         "Question: Where is Paris?", "Question: Who is Scott Derrickson?"}
-
-
-def stop_after(n: int, checkpoint: bool = True):
-    """A ``stop`` for synthesize that raises a SIGTERM's Stop after its ``n``-th question."""
-    import signal
-
-    from ziprl.loop.stop import Stop
-
-    calls = []
-
-    def stop() -> None:
-        calls.append(1)
-        if len(calls) == n:
-            raise Stop(signal.SIGTERM, checkpoint=checkpoint)
-
-    return stop
 
 
 def _cfg(tmp_path, *more: str):

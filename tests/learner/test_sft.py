@@ -26,6 +26,7 @@ from ziprl.learner.sft import (
 )
 from ziprl.policy.models import load_model, load_tokenizer, resolve_model_path
 from ziprl.testing.learner import requires_deepspeed
+from ziprl.testing.stops import stop_after
 
 DEMOS = [
     {"messages": [{"role": "system", "content": "Search, compress, answer."},
@@ -158,22 +159,6 @@ def sft_cfg(model_dir: Path, epochs: int = 2) -> ZipRLConfig:
     cfg.sft.epochs, cfg.sft.micro_batch, cfg.sft.lr, cfg.sft.checkpoint_every = epochs, 2, 1e-3, 0
     cfg.learner.bf16 = False  # not measured per run: the runs compared compute alike
     return cfg
-
-
-def stop_after(n: int, checkpoint: bool = True):
-    """A ``stop`` for run_sft that raises a SIGTERM's Stop after its ``n``-th step."""
-    import signal
-
-    from ziprl.loop.stop import Stop
-
-    calls = []
-
-    def stop() -> None:
-        calls.append(1)
-        if len(calls) == n:
-            raise Stop(signal.SIGTERM, checkpoint=checkpoint)
-
-    return stop
 
 
 def weights(model_dir: Path) -> dict[str, torch.Tensor]:
