@@ -185,10 +185,10 @@ def demo_examples(cfg: ZipRLConfig) -> list[QAExample]:
     return examples
 
 
-def resumed(cfg: ZipRLConfig, examples: list[QAExample], resume: bool | None) -> DemoProgress | None:
-    """The progress :func:`build_demos` continues from: with ``resume`` True, the stopped run's (DemoResumeError
-    when there is none, or it does not fit); None, that one when there is one that fits; False, none."""
-    path, settings = partial_path(cfg.demos.out), demo_settings(cfg, examples)
+def resumed(path: Path, settings: dict, resume: bool | None) -> DemoProgress | None:
+    """The progress :func:`build_demos` continues from: with ``resume`` True, the stopped run's in ``path``
+    (DemoResumeError when there is none, or it was made with other ``settings``); None, that one when there is one
+    that fits; False, none."""
     if resume is False or (resume is None and not os.path.lexists(path)):
         return None
     if resume and not os.path.lexists(path):
@@ -210,7 +210,8 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
     from ziprl.retrieval.retriever import Retriever
 
     examples = demo_examples(cfg) if examples is None else examples
-    state, settings, partial = resumed(cfg, examples, resume), demo_settings(cfg, examples), partial_path(cfg.demos.out)
+    settings, partial = demo_settings(cfg, examples), partial_path(cfg.demos.out)
+    state = resumed(partial, settings, resume)
     if retriever is None:
         first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
         retriever = Retriever.from_config(retriever_config_for(first))
