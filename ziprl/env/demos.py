@@ -107,28 +107,38 @@ def synthesize(cfg: ZipRLConfig, examples: list[QAExample], retriever: Retriever
     return state.rows, state.counts
 
 
+def written_by(path: Path) -> bytes | None:
+    """The generator in a Parquet file's schema metadata (:data:`GENERATOR`, :data:`PARTIAL`), None for any other
+    file."""
+    try:
+        return (pq.read_schema(path).metadata or {}).get(GENERATOR_KEY)
+    except (OSError, pa.ArrowException):
+        return None
+
+
 def is_demos_file(path: Path) -> bool:
     """Whether ``path`` is a Parquet file :func:`write_demos` wrote (its schema metadata says so)."""
-    try:
-        return (pq.read_schema(path).metadata or {}).get(GENERATOR_KEY) == GENERATOR
-    except (OSError, pa.ArrowException):
-        return False
+    return written_by(path) == GENERATOR
 
 
 def is_partial_file(path: Path) -> bool:
     """Whether ``path`` is the progress file :func:`write_partial` wrote."""
-    try:
-        return (pq.read_schema(path).metadata or {}).get(GENERATOR_KEY) == PARTIAL
-    except (OSError, pa.ArrowException):
-        return False
+    return written_by(path) == PARTIAL
+
+
+def write_rows(rows: list[dict], path: str | Path, meta: dict[bytes, bytes], owned: Callable[[Path], bool],
+               what: str) -> Path:
+    """The transitions ``rows`` to ``path`` atomically, with ``meta`` in the schema; refused (OutputError) over a
+    file ``owned`` does not prove is ``what``."""
+    path = check_file(path, True, owned, what, "demos.parquet")
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA.with_metadata(meta)), tmp)
+    return path
 
 
 def write_demos(rows: list[dict], path: str | Path) -> Path:
     """Write the transitions to ``path`` atomically; refused (OutputError) over a file that is not a demos file."""
-    path = check_file(path, True, is_demos_file, "a demos file ziprl.demos wrote", "demos.parquet")
-    with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA.with_metadata({GENERATOR_KEY: GENERATOR})), tmp)
-    return path
+    return write_rows(rows, path, {GENERATOR_KEY: GENERATOR}, is_demos_file, "a demos file ziprl.demos wrote")
 
 
 def partial_path(out: str | Path) -> Path:
@@ -150,11 +160,9 @@ def demo_settings(cfg: ZipRLConfig, examples: list[QAExample]) -> dict:
 
 def write_partial(state: DemoProgress, path: Path, settings: dict) -> None:
     """``state`` to the progress file ``path`` (atomically; refused over a file it did not write)."""
-    path = check_file(path, True, is_partial_file, "the progress file of a stopped ziprl.demos", "demos.parquet")
     meta = {GENERATOR_KEY: PARTIAL, PROGRESS_KEY: json.dumps(
         {"done": state.done, "counts": state.counts, "settings": settings}).encode()}
-    with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(state.rows, schema=SCHEMA.with_metadata(meta)), tmp)
+    write_rows(state.rows, path, meta, is_partial_file, "the progress file of a stopped ziprl.demos")
 
 
 def read_partial(path: Path, settings: dict) -> DemoProgress:
