@@ -208,15 +208,15 @@ def test_index_directories(work):
     out = build_index(c, work / "idx", StubEncoder(), embeddings=v, progress=False)
     assert read_marker(out)["kind"] == "index"
     with pytest.raises(RetrieverError, match="pass --overwrite"):
-        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False, overwrite=False)
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match=r"does not write \(notes\.txt\)"):
-        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False)
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False, overwrite=True)
     (out / "notes.txt").unlink()
     (out / MARKER).unlink()  # an index of a ZipRL older than the marker: reused as it is, never written
     assert build_index(c, out, StubEncoder(), embeddings=v, progress=False) == out
     with pytest.raises(RetrieverError, match="older ZipRL .* delete it yourself"):
-        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False)
+        build_index(c, out, StubEncoder(), index_type="hnsw", embeddings=v, progress=False, overwrite=True)
     (work / ".fresh.partial").mkdir()
     (work / ".fresh.partial" / "x").write_text("mine")
     with pytest.raises(RetrieverError, match="no build marked it"):
@@ -234,8 +234,8 @@ def test_adopt_replaces_only_with_overwrite(work):
     out = adopt_index(work / "x.faiss", c, work / "idx", StubEncoder(), progress=False)
     assert read_marker(out)["kind"] == "index"
     with pytest.raises(RetrieverError, match="pass --overwrite"):
-        adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False, overwrite=False)
-    assert adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False) == out
+        adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False)
+    assert adopt_index(work / "x.faiss", c, out, StubEncoder(), progress=False, overwrite=True) == out
 
 
 # ---------------------------------------------------------------- single files

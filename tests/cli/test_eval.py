@@ -73,8 +73,9 @@ EVAL_ARGS = ["--limit", "2", "--max-turns", "2", "--samples", "1", "--set", "sam
 @pytest.mark.slow
 def test_a_stopped_eval_resumes_rolling_out_only_what_it_lacks(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """Stopped (Ctrl-C) during its third strategy, the eval keeps the two it measured in report.json; ``--resume``
-    rolls out only the third, and the report holds all three, the first two's numbers unchanged. Other settings, a
-    directory with nothing to continue, or --resume with --overwrite are one error each (exit 2), nothing touched."""
+    asking for the third alone rolls out only it, and the report holds all three, the first two's numbers unchanged.
+    Other settings, a directory with nothing to continue, or --resume with --overwrite are one error each (exit 2),
+    nothing touched."""
     from ziprl.cli.eval import main
     from ziprl.evaluation import harness
 
@@ -97,13 +98,19 @@ def test_a_stopped_eval_resumes_rolling_out_only_what_it_lacks(tiny_model_dir, t
         assert "holds nothing to continue" in capsys.readouterr().err
     assert json.loads((out / "report.json").read_text())["results"] == first
 
-    ran.clear()
-    assert main([*args, "--resume"]) == 0
+    ran.clear()  # resumed asking for the missing strategy only: the report keeps the two measured before
+    assert main(["--strategy", "window", *args[2:], "--resume"]) == 0
     assert ran == ["window@0"]
     report = json.loads((out / "report.json").read_text())["results"]
     assert list(report) == ["adaptive", "react", "window"]
     assert {k: report[k] for k in first} == first
+    assert (out / "report.md").read_text().count("\n| ") == 4  # header + three strategies
     assert (out / "levels.png").is_file() and (out / "trajectories_window.parquet").is_file()
+
+    ran.clear()
+    assert main([*args, "--resume"]) == 0
+    assert ran == []
+    assert json.loads((out / "report.json").read_text())["results"] == report
 
 
 @pytest.mark.slow
@@ -117,9 +124,17 @@ def test_a_stopped_noise_sweep_resumes_with_the_cells_it_lacks(tiny_model_dir, t
     _stop_at(noise, 3, ran, monkeypatch)
     assert main(args) == 130
     first = json.loads((out / "noise.json").read_text())["results"]
-    assert sorted(first["adaptive"]) == ["0", "1"] and first["react"] == {}
+    assert sorted(first["adaptive"]) == ["0", "1"] and "react" not in first
     ran.clear()
     assert main([*args, "--resume"]) == 0
     assert ran == ["react@0", "react@1"]
-    results = json.loads((out / "noise.json").read_text())["results"]
-    assert {s: sorted(by_p) for s, by_p in results.items()} == {"adaptive": ["0", "1"], "react": ["0", "1"]}
+    report = json.loads((out / "noise.json").read_text())
+    assert {s: list(by_p) for s, by_p in report["results"].items()} == {"adaptive": ["0", "1"], "react": ["0", "1"]}
+
+    ran.clear()  # resumed with a new level for one strategy: the table keeps every cell measured before
+    assert main(["--noise", "0.5", "--strategy", "react", *args[4:], "--resume"]) == 0
+    assert ran == ["react@0.5"]
+    after = json.loads((out / "noise.json").read_text())
+    assert after["noise_levels"] == [0.0, 0.5, 1.0]
+    assert {s: list(by_p) for s, by_p in after["results"].items()} == {"adaptive": ["0", "1"], "react": ["0", "0.5", "1"]}
+    assert {s: {p: c for p, c in by_p.items() if p != "0.5"} for s, by_p in after["results"].items()} == report["results"]

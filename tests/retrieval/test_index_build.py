@@ -3,6 +3,7 @@ store, precomputed embeddings and adopting a prebuilt FAISS index (real FAISS, r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -262,6 +263,51 @@ def test_from_config_builds_shards_with_embeddings(data, encoder, tmp_path, monk
     assert len(r.shards) == 2
     assert r.manifest["factory"] == "IVF8,Flat"
     assert faiss.extract_index_ivf(r.shards[0].index).nprobe == 8
+
+
+def _files(root):
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_a_run_never_replaces_an_index_its_config_names(data, tmp_path, monkeypatch):
+    """``retriever.index_dir`` with ``retriever.corpus`` builds there once; a run with other index settings is refused
+    by the input check (before anything is written) and by ``from_config`` itself, naming the rebuild command, and so
+    is a user's directory that holds no index; every file stays. The cache's own index is still rebuilt."""
+    from ziprl.cli.common import check_inputs
+    from ziprl.config import ZipRLConfig
+
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path / "cache"))
+    corpus, emb, _, _ = data
+    named = tmp_path / "named"
+    cfg = RetrieverConfig(corpus=str(corpus), embeddings=str(emb), index_dir=str(named))
+    assert len(Retriever.from_config(cfg)) == N
+    kept = _files(named)
+    other = dataclasses.replace(cfg, index_type="IVF8,Flat", train_size=300)
+    with pytest.raises(RetrieverError, match=r"index of other settings \(factory 'Flat' there, 'IVF8,Flat' now\); "
+                                             r"nothing was written: set retriever.index_dir .* --overwrite"):
+        check_inputs(ZipRLConfig(retriever=other))
+    with pytest.raises(RetrieverError, match="other inputs or settings; nothing was written: set retriever.index_dir"):
+        Retriever.from_config(other)
+    assert _files(named) == kept
+    check_inputs(ZipRLConfig(retriever=cfg))  # the same settings: reused
+    assert len(Retriever.from_config(cfg)) == N and _files(named) == kept
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    users = dataclasses.replace(cfg, index_dir=str(mine))
+    with pytest.raises(RetrieverError, match="not a ZipRL index"):
+        check_inputs(ZipRLConfig(retriever=users))
+    with pytest.raises(RetrieverError, match="not a ZipRL index"):
+        Retriever.from_config(users)
+    assert _files(mine) == {"notes.txt": b"my notes"}
+
+    mutable = tmp_path / "corpus.jsonl"  # the cache's own index: rebuilt when its corpus changes
+    mutable.write_bytes(corpus.read_bytes())
+    cached = dataclasses.replace(cfg, corpus=str(mutable), index_dir=None)
+    first = Retriever.from_config(cached).manifest["corpus_sha256"]
+    mutable.write_text(mutable.read_text(encoding="utf-8").replace("Title 5 ", "Title five "), encoding="utf-8")
+    assert Retriever.from_config(cached).manifest["corpus_sha256"] != first
 
 
 def test_cli_build_options_and_adopt(data, tmp_path, capsys):

@@ -177,12 +177,14 @@ def test_rebuild_when_corpus_or_settings_change(passages, encoder, tmp_path):
     write_corpus(passages[:4], corpus)
     build_index(corpus, out, counting, progress=False)
     write_corpus(passages[:5], corpus)
-    build_index(corpus, out, counting, progress=False)
+    with pytest.raises(RetrieverError, match="other inputs or settings; nothing was written: pass --overwrite"):
+        build_index(corpus, out, counting, progress=False)  # a library call replaces an index only when told to
+    build_index(corpus, out, counting, progress=False, overwrite=True)
     assert counting.passage_calls == 2
     r = Retriever.load(out, encoder)
     assert len(r) == 5
     assert r.search([passages[4].title], 1)[0][0].doc_id == passages[4].doc_id
-    build_index(corpus, out, counting, index_type="hnsw", progress=False)
+    build_index(corpus, out, counting, index_type="hnsw", progress=False, overwrite=True)
     assert counting.passage_calls == 3
     assert json.loads((out / "manifest.json").read_text())["index_type"] == "hnsw"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -210,10 +212,10 @@ def test_failed_build_keeps_the_old_index(passages, encoder, tmp_path, monkeypat
     with monkeypatch.context() as m:
         m.setattr(IB, "atomic_write_json", crash)
         with pytest.raises(OSError, match="disk full"):
-            build_index(corpus, out, encoder, progress=False)
+            build_index(corpus, out, encoder, progress=False, overwrite=True)
     assert len(Retriever.load(out, encoder)) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.partial", "c.jsonl", "idx"]  # kept to resume
-    build_index(corpus, out, encoder, progress=False)
+    build_index(corpus, out, encoder, progress=False, overwrite=True)
     assert len(Retriever.load(out, encoder)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "idx"]
 

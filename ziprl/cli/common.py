@@ -51,7 +51,9 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     from ziprl.registry import DATASETS
     from ziprl.retrieval.corpus import CorpusError, iter_corpus
     from ziprl.retrieval.datasets import corpus_for, load_questions
+    from ziprl.retrieval.index_build import index_differences
     from ziprl.retrieval.index_files import RetrieverError
+    from ziprl.retrieval.retriever import rebuild_hint
 
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     load_questions(cfg.data)
@@ -64,6 +66,11 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     if r.index_dir is not None and r.corpus is None and not Path(r.index_dir).expanduser().is_dir():
         raise RetrieverError(f"retriever.index_dir {r.index_dir} does not exist; rebuild it with: python -m ziprl.index "
                              f"build --corpus CORPUS.jsonl --out {r.index_dir}")
+    if r.index_dir is not None and r.corpus is not None:  # built there: it must not replace another index
+        differ = index_differences(r.index_dir, r.index_type, r.shards, r.store_vectors)
+        if differ:
+            raise RetrieverError(f"retriever.index_dir {r.index_dir} holds an index of other settings "
+                                 f"({'; '.join(differ)}); nothing was written: {rebuild_hint(r.index_dir, r.corpus)}")
     for field, value, ok in (("retriever.encoder", r.encoder, Path.is_dir),
                              ("retriever.embeddings", r.embeddings, Path.is_file)):
         if value is not None and not ok(Path(value).expanduser()):

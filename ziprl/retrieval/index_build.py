@@ -388,9 +388,12 @@ def _check_out(out_dir: str | Path, work: str) -> Path:
     return out
 
 
-def _check_replace(out: Path, overwrite: bool) -> None:
+REPLACE_HINT = "pass --overwrite to replace it, or choose another output directory"
+
+
+def _check_replace(out: Path, overwrite: bool, how: str = REPLACE_HINT) -> None:
     """Refuse (nothing written) to replace the index in ``out`` unless it is a marked ZipRL index holding only index
-    files and no link, and ``overwrite`` is given."""
+    files and no link, and ``overwrite`` is given; the refusal names ``how`` to replace it."""
     if not out.is_dir() or not used(out):
         return
     if read_marker(out) is None:
@@ -398,9 +401,21 @@ def _check_replace(out: Path, overwrite: bool) -> None:
                              "settings; nothing was written: delete it yourself to rebuild it there, or choose "
                              "another output directory")
     if not overwrite:
-        raise RetrieverError(f"{out} holds a ZipRL index of other inputs or settings; pass --overwrite to replace "
-                             "it, or choose another output directory")
+        raise RetrieverError(f"{out} holds a ZipRL index of other inputs or settings; nothing was written: {how}")
     plan_replace(out, "index", is_index_entry)
+
+
+def index_differences(out_dir: str | Path, index_type: str, shards: int, store_vectors: bool) -> list[str]:
+    """How the index in ``out_dir`` differs in type, shards or stored vectors from one of these settings (its
+    manifest only: the corpus is compared when the index is built); [] for a new or empty directory. RetrieverError
+    (nothing written) when ``out_dir`` cannot hold an index at all."""
+    out = _check_out(out_dir, "partial")
+    old = read_manifest(out) if out.is_dir() else None
+    if old is None:
+        return []
+    now = {"factory": factory_string(index_type), "shards": shards, "store_vectors": store_vectors}
+    return [f"{key} {old.get(key, False)!r} there, {value!r} now" for key, value in now.items()
+            if old.get(key, False) != value]
 
 
 def _resumable(work: Path, build: dict) -> bool:
@@ -425,8 +440,8 @@ def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
 def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
                 index_type: str = "flat", batch_size: int = 64, progress: bool = True, *, shards: int = 1,
                 chunk_size: int = 65536, train_size: int = 262144, embeddings: str | Path | None = None,
-                checkpoint_s: float = 300.0, store_vectors: bool = False, overwrite: bool = True,
-                wait: bool = True) -> Path:
+                checkpoint_s: float = 300.0, store_vectors: bool = False, overwrite: bool = False,
+                wait: bool = True, replace_hint: str = REPLACE_HINT) -> Path:
     """Build (or reuse, or resume) an index directory for a JSONL corpus of any size. Returns ``out_dir``
     (normalised).
 
@@ -437,7 +452,8 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
 
     ``out_dir`` follows the output rule (:mod:`ziprl.outputs`): new, or marked as a ZipRL index; an index of other
     inputs or settings there is replaced only with ``overwrite`` (the command's ``--overwrite``; a cached index
-    is rebuilt when its corpus changes), and an unmarked one of an older ZipRL only reused, never written. While
+    is rebuilt when its corpus changes), else refused naming ``replace_hint``, and an unmarked one of an older ZipRL
+    only reused, never written. While
     another process builds ``out``, this one waits and then reuses its index (``wait``; False: refuses, naming it,
     as the command does), so the replicas of a retriever deployment build a missing index once.
     """
@@ -474,7 +490,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     if _up_to_date(out, build):
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
-    _check_replace(out, overwrite)
+    _check_replace(out, overwrite, replace_hint)
     work = out.with_name(f".{out.name}.partial")
     resumed = _resumable(work, build)
     if source is not None and not resumed:  # a resumed build's vectors were checked when it started
@@ -483,7 +499,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         _check_out(out, "partial")  # checked again under the lock: another build may have finished meanwhile
         if _up_to_date(out, build):
             return out
-        _check_replace(out, overwrite)
+        _check_replace(out, overwrite, replace_hint)
         state = read_json(work / PROGRESS_FILE)
         if not _resumable(work, build):
             if source is not None and resumed:  # another build changed the partial one meanwhile
@@ -550,7 +566,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
 
 
 def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
-                progress: bool = True, overwrite: bool = True) -> Path:
+                progress: bool = True, overwrite: bool = False) -> Path:
     """Make an index directory from a prebuilt FAISS index whose rows are the corpus's passages in order.
 
     Checks first that the index's count equals the corpus's and its dimension the encoder's. ``out_dir`` follows

@@ -40,7 +40,7 @@ from ziprl.retrieval.types import Hit, Passage
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_ENCODER_ID", "Encoder", "Retriever", "RetrieverError", "UnknownDocument", "adopt_index",
-           "build_index", "default_index_dir", "default_model_dir", "merge_hits", "passage_text"]
+           "build_index", "default_index_dir", "default_model_dir", "merge_hits", "passage_text", "rebuild_hint"]
 
 
 def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str, shards: int = 1,
@@ -53,6 +53,14 @@ def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str
     settings = [str(corpus), encoder.encoder_id, encoder.query_prefix, encoder.passage_prefix, index_type]
     key = json.dumps(settings + ([shards] if shards > 1 else []) + (["vectors"] if store_vectors else []))
     return cache_root() / "index" / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def rebuild_hint(index_dir: str | Path | None, corpus: str | Path) -> str:
+    """How to replace the index a config's ``retriever.index_dir`` names (the cache's own is replaced by itself)."""
+    if index_dir is None:
+        return "pass --overwrite to replace it, or choose another output directory"
+    return (f"set retriever.index_dir to another directory, or rebuild it there: python -m ziprl.index build "
+            f"--corpus {corpus} --out {index_dir} --overwrite (with the run's --index and --shards)")
 
 
 def merge_hits(per_shard: Sequence[list[list[Hit]]], k: int) -> list[list[Hit]]:
@@ -189,8 +197,10 @@ class Retriever:
         encoder = encoder or Encoder(batch_size=cfg.batch_size)
         out = cfg.index_dir if cfg.index_dir is not None else default_index_dir(corpus, encoder, cfg.index_type,
                                                                                 cfg.shards, cfg.store_vectors)
+        # the cache's own index is rebuilt when its inputs change; one the user named is never replaced
         build_index(corpus, out, encoder, cfg.index_type, cfg.batch_size, shards=cfg.shards, chunk_size=cfg.chunk_size,
-                    train_size=cfg.train_size, embeddings=cfg.embeddings, store_vectors=cfg.store_vectors)
+                    train_size=cfg.train_size, embeddings=cfg.embeddings, store_vectors=cfg.store_vectors,
+                    overwrite=cfg.index_dir is None, replace_hint=rebuild_hint(cfg.index_dir, corpus))
         return cls.load(out, encoder, cfg.snippet_chars, shards=shards, **search)
 
     def __len__(self) -> int:
