@@ -114,21 +114,50 @@ def portable(path: str | Path | None) -> str | None:
 
 
 def results_name(name: str) -> str:
-    """An argparse ``type`` for a results name: checked when the arguments are parsed, before any work starts."""
+    """An argparse ``type`` for a results name: checked when the arguments are parsed, before any work starts; a
+    path, or results another script wrote (:func:`results_writer`), is refused."""
     if not NAME_RE.fullmatch(name):
         raise argparse.ArgumentTypeError(f"{name[:80]!r}: use letters, digits, '_', '-' or '.' (not first); "
                                          f"it names files in {RESULTS}")
+    writer, script = results_writer(name), Path(sys.argv[0]).name
+    if writer not in (None, script):
+        what = f"hold the results of {writer}, not of {script}" if writer else "hold files no benchmark wrote"
+        raise argparse.ArgumentTypeError(f"{name!r}: {RESULTS / name}.json and .md {what}; nothing was written: "
+                                         "choose another name, or delete those files yourself to replace them")
     return name
+
+
+def results_writer(name: str) -> str | None:
+    """The script that wrote the results ``<name>`` (the file name in their provenance's command); None when there
+    are none yet, or they are older than the provenance (no command); ``""`` for files :func:`write_results` did not
+    write (a .json that is not its, a .md without a .json)."""
+    js, md = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    if not os.path.lexists(js):
+        return "" if os.path.lexists(md) else None
+    try:
+        data = json.loads(js.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if not isinstance(data, dict) or "rows" not in data:
+        return ""
+    if "command" not in data:
+        return None
+    try:
+        words = shlex.split(data["command"]) if isinstance(data["command"], str) else []
+    except ValueError:  # unbalanced quotes
+        words = []
+    return Path(words[1]).name if len(words) > 1 else ""
 
 
 def write_results(name: str, rows: list[dict], meta: dict | None = None,
                   config: str | Path | dict | None = None) -> tuple[Path, Path]:
     """Write ``results/<name>.json`` (rows, meta and :func:`provenance`) and ``results/<name>.md`` (the provenance,
-    then a table of rows)."""
+    then a table of rows); exit 2, nothing written, for a bad name or results another script wrote."""
     try:
         results_name(name)
     except argparse.ArgumentTypeError as exc:
-        raise SystemExit(f"error: results name {exc}") from None
+        print(f"error: results name {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     RESULTS.mkdir(parents=True, exist_ok=True)
     prov = provenance(config)
     js = RESULTS / f"{name}.json"

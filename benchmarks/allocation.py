@@ -161,7 +161,7 @@ def verdict(rows: list[dict]) -> dict[str, dict[str, list[int]]]:
 def plot(rows: list[dict], path: Path) -> Path:
     import matplotlib.ticker
 
-    from ziprl.plots import _plt
+    from ziprl.plots import _plt, save_figure
 
     plt = _plt()
     variants = list(dict.fromkeys(r["variant"] for r in rows))
@@ -181,9 +181,7 @@ def plot(rows: list[dict], path: Path) -> Path:
             ax.grid(alpha=0.3)
         axes[i][0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,20 +55,16 @@ def summary(rows: list[dict]) -> dict:
 
 def plot_passes(passes: list[int], group: int, path: Path) -> None:
     """Bar chart: how many questions had k of their G samples right, k = 0..G."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ziprl.plots import _plt, save_figure
 
     counts = Counter(passes)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _plt().subplots(figsize=(6, 3.5))
     ax.bar(range(group + 1), [counts.get(k, 0) for k in range(group + 1)], color="#4c72b0")
     ax.set_xlabel(f"exact-match successes in a group of {group}")
     ax.set_ylabel("questions")
     ax.set_title(f"Base rate: {len(passes)} training questions (0 and {group}: no reward variance from EM)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

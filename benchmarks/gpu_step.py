@@ -149,12 +149,13 @@ def profiled_step(trainer, groups, out_txt: Path) -> dict:
     host ops written to ``out_txt``."""
     from torch.profiler import ProfilerActivity, profile
 
+    from ziprl.paths import atomic_write_text
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         out = trainer.train_step(groups)
     averages = prof.key_averages()
-    out_txt.parent.mkdir(parents=True, exist_ok=True)
-    out_txt.write_text("GPU kernels by time\n" + averages.table(sort_by="self_device_time_total", row_limit=40)
-                       + "\nHost ops by self CPU time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=30))
+    atomic_write_text(out_txt, "GPU kernels by time\n" + averages.table(sort_by="self_device_time_total", row_limit=40)
+                      + "\nHost ops by self CPU time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=30))
     return {**out, **kernel_split(averages, out["seconds"])}
 
 

@@ -65,6 +65,7 @@ from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa:
 from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
+from ziprl.paths import atomic_write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation (task ``real``)
@@ -118,12 +119,12 @@ def stage1(config: Path | None, overrides: list[str]) -> Path:
                 log(f"Stage 1: continuing the SFT in {root}")
             else:
                 demos, counts = build_demos(cfg)
-                (root / "demos_counts.json").write_text(json.dumps(counts))
+                atomic_write_json(root / "demos_counts.json", counts)
                 log(f"Stage 1: {counts['kept']} kept demo episodes of {counts['episodes']}, {counts['transitions']} "
                     "transitions; SFT")
             t0 = time.perf_counter()
             run_sft(cfg, demos, root, resume=resume)
-            (root / "sft_seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+            atomic_write_json(root / "sft_seconds.json", {"seconds": time.perf_counter() - t0})
         check_weights(root / "model")
     return root / "model"
 
@@ -328,7 +329,6 @@ def evaluate(spec: EvalSpec, model: Path, cache: Path, threads: int = 1) -> dict
     greedy one) on ``threads`` torch threads, written to ``cache``: overall stats and one record per sample."""
     from ziprl.env.stats import trajectory_stats
     from ziprl.evaluation.harness import load_eval_setup, run_strategy
-    from ziprl.paths import atomic_write_json
 
     cfg = load_config(spec.config, [*spec.overrides, f"model.path={model}", f"data.dataset={spec.held_out}",
                                     f"retriever.corpus={spec.corpus}", f"rollout.group_size={spec.samples}",

@@ -19,6 +19,7 @@ questions, all 20 cells: 34 min with two workers).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -29,16 +30,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, write_results  # noqa: E402
+from learning import Job, bootstrap, checkpoint_model, read_metrics, run_parallel  # noqa: E402
+
+from ziprl.boundary import UserError, one_line  # noqa: E402
+from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+CLAIMED = ("adaptive", "react")  # the strategies the paper's claims compare
 METRICS = ("f1", "em", "tokens_per_trajectory", "prompt_tokens_per_turn", "response_tokens_per_turn", "turns",
            "searches", "q_com", "format_error_rate")
 
 
 def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy: str, levels: list[float],
-              limit: int, out: Path) -> list[str] | None:
-    """The ``ziprl.eval --noise`` command of one model and strategy, or None when ``out/noise.json`` holds it (the
-    same questions: a sweep over another ``limit`` is redone)."""
+              limit: int, out: Path, threads: int = 1) -> list[str] | None:
+    """The ``ziprl.eval --noise`` command of one model and strategy on ``threads`` torch threads, or None when
+    ``out/noise.json`` holds it (the same questions: a sweep over another ``limit`` is redone)."""
     done = out / "noise.json"
     if done.is_file():
         report = json.loads(done.read_text())
@@ -47,7 +53,7 @@ def sweep_job(config: Path, model: Path, held_out: Path, corpus: Path, strategy:
     return [sys.executable, "-m", "ziprl.eval", "--config", str(config), "--model", str(model), "--dataset",
             str(held_out), "--limit", str(limit), "--samples", "1", "--seed", "0", "--strategy", strategy,
             "--noise", ",".join(f"{p:g}" for p in levels), "--out", str(out), "--set", f"retriever.corpus={corpus}",
-            "--set", "model.num_threads=1"]
+            "--set", f"model.num_threads={threads}"]
 
 
 def claims(results: dict, levels: list[float]) -> list[dict]:
@@ -83,8 +89,6 @@ def cell_scores(sweep: Path, strategy: str, level: float) -> dict[str, dict[str,
 
 def diff_rows(before: dict[str, Path], after: dict[str, Path], levels: list[float]) -> list[dict]:
     """RL - Stage 1 per strategy and noise level: mean of per-question differences with a 95% bootstrap interval."""
-    from learning import bootstrap
-
     rows = []
     for strategy, sweep in before.items():
         for p in levels:
@@ -100,7 +104,7 @@ def diff_rows(before: dict[str, Path], after: dict[str, Path], levels: list[floa
 
 
 def plot(results: dict, levels: list[float], path: Path) -> None:
-    from ziprl.plots import _plt
+    from ziprl.plots import _plt, save_figure
 
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
@@ -118,11 +122,18 @@ def plot(results: dict, levels: list[float], path: Path) -> None:
     fig.legend(*axes[1].get_legend_handles_labels(), loc="center right", fontsize=7)
     fig.suptitle("Strategies on held-out questions: Stage 1 (dashed) vs RL (solid)")
     fig.tight_layout(rect=(0, 0, 0.83, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, every one checked (exit 2) before anything is exported or run: ``levels``, ``strategies``,
+    ``held_out``, ``run_dir``, ``step`` and ``stage1`` filled in."""
+    from ziprl.config import load_config
+    from ziprl.evaluation.noise import parse_noise_levels
+    from ziprl.learner.sft import stage1_dir
+    from ziprl.policy.models import validate_model_dir
+    from ziprl.registry import STRATEGIES
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"))
     ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
@@ -133,27 +144,51 @@ def main() -> None:
     ap.add_argument("--strategies", default="adaptive,uniform,react,summary,window")
     ap.add_argument("--workers", type=int, default=2, help="evaluations at a time (one torch thread each)")
     ap.add_argument("--stage1-model", help="the Stage-1 model the run started from, if learning.py was given one")
-    args = ap.parse_args()
-    from learning import checkpoint_model, read_metrics, run_parallel
+    args = ap.parse_args(argv)
+    if min(args.limit, args.workers, 1 if args.step is None else args.step) < 1:
+        ap.error("--limit, --workers and --step must be >= 1")
+    args.strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",")))
+    if not set(CLAIMED) <= set(args.strategies) <= set(STRATEGIES):
+        ap.error(f"--strategies {','.join(args.strategies)}: choose from {', '.join(STRATEGIES)}, with "
+                 f"{' and '.join(CLAIMED)} among them (the claims compare them)")
+    out = Path(args.out)
+    args.held_out, args.run_dir = out / "heldout.jsonl", out / args.run
+    args.step = args.step or len(read_metrics(args.run_dir))
+    if not args.held_out.is_file() or not args.step:
+        ap.error(f"run benchmarks/learning.py --out {out} first (no held-out split or no {args.run} run)")
+    try:
+        args.levels = parse_noise_levels(args.noise)
+        cfg = load_config(args.config, [])
+        args.stage1 = validate_model_dir(Path(args.stage1_model) if args.stage1_model else stage1_dir(cfg) / "model")
+    except (UserError, OSError) as exc:
+        ap.error(one_line(exc))
+    return args
 
-    from ziprl.config import load_config
-    from ziprl.evaluation.noise import parse_noise_levels
-    from ziprl.learner.sft import stage1_dir
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:  # sweeps and logs go into learning.py's directory, held while they run
+        out = work_dir(args.out, "bench")
+        with locked(out):
+            compare(args, out)
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def compare(args: argparse.Namespace, out: Path) -> None:
+    """Export the run's checkpoint, sweep both models, then write the results files."""
     from ziprl.retrieval.datasets import corpus_for
 
-    out, config = Path(args.out), Path(args.config)
-    held_out, run_dir = out / "heldout.jsonl", out / args.run
-    step = args.step or len(read_metrics(run_dir))
-    if not held_out.is_file() or not step:
-        raise SystemExit(f"run benchmarks/learning.py --out {out} first (no held-out split or no {args.run} run)")
-    stage1 = Path(args.stage1_model) if args.stage1_model else stage1_dir(load_config(config, [])) / "model"
-    models = {"Stage 1": stage1, f"RL {args.run} step {step}": checkpoint_model(run_dir, step, stage1)}
-    levels, strategies = parse_noise_levels(args.noise), args.strategies.split(",")
+    step, strategies, levels, corpus = args.step, args.strategies, args.levels, corpus_for("pooled")
+    models = {"Stage 1": args.stage1, f"RL {args.run} step {step}": checkpoint_model(args.run_dir, step, args.stage1)}
     t0 = time.perf_counter()
     dirs = {(name, s): out / "compare" / ("stage1" if name == "Stage 1" else f"{args.run}_step{step}") / s
             for name in models for s in strategies}
-    jobs = [(f"compare_{d.parent.name}_{s}", cmd) for (name, s), d in dirs.items()
-            if (cmd := sweep_job(config, models[name], held_out, corpus_for("pooled"), s, levels, args.limit, d))]
+    jobs = [Job(f"compare_{d.parent.name}_{s}", functools.partial(
+        sweep_job, Path(args.config), models[name], args.held_out, corpus, s, levels, args.limit, d))
+            for (name, s), d in dirs.items()]
     run_parallel(jobs, args.workers, out / "logs")
     results = {name: {s: json.loads((dirs[(name, s)] / "noise.json").read_text())["results"][s] for s in strategies}
                for name in models}
@@ -171,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

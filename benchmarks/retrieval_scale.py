@@ -43,7 +43,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, results_name, write_results  # noqa: E402
 
+from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
+from ziprl.paths import atomic_path, atomic_write_json  # noqa: E402
+
 DIM, K, CHUNK = 384, 10, 65536
+REAL_PASSAGES = 2000  # the shipped sample's passages, the corpus's first rows: --n is at least this
 CONFIGS = {  # name: (factory, fraction of IVF lists visited (0 = no IVF), k_factor, exact re-rank from disk)
     "flat": ("Flat", 0, 0, False),
     "hnsw": ("HNSW32", 0, 0, False),
@@ -68,6 +72,22 @@ def peak_mb() -> float:
 
 
 # ---------------------------------------------------------------- data
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    """``np.save`` atomically (a killed run leaves no half-written array to be read back)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
+
+
+def check_data(work: Path, n: int, n_queries: int) -> None:
+    """OutputError when ``work`` holds the data of another ``n`` or ``n_queries``, which :func:`make_data` would
+    reuse."""
+    done = work / "data.json"
+    meta = json.loads(done.read_text()) if done.is_file() else {"n": n, "synthetic_queries": n_queries}
+    if (meta["n"], meta["synthetic_queries"]) != (n, n_queries):
+        raise OutputError(f"{work} holds the data of --n {meta['n']} --queries {meta['synthetic_queries']}; pass "
+                          "those, or another --work")
 
 
 def make_data(work: Path, n: int, n_queries: int = 500, seed: int = 0) -> dict:
@@ -115,11 +135,11 @@ def make_data(work: Path, n: int, n_queries: int = 500, seed: int = 0) -> dict:
     vecs.flush()
     del vecs
     questions = [json.loads(line)["question"] for line in (SAMPLE_DIR / "qa.jsonl").read_text().splitlines()]
-    np.save(work / "queries_real.npy", Encoder().encode_queries(questions[:n_queries]))
-    np.save(work / "queries_synthetic.npy", sample(n_queries))
+    save_npy(work / "queries_real.npy", Encoder().encode_queries(questions[:n_queries]))
+    save_npy(work / "queries_synthetic.npy", sample(n_queries))
     meta = {"n": n, "dim": DIM, "real_passages": len(real), "centroids": len(centroids),
             "real_queries": min(n_queries, len(questions)), "synthetic_queries": n_queries}
-    done.write_text(json.dumps(meta))
+    atomic_write_json(done, meta)
     return meta
 
 
@@ -137,7 +157,7 @@ def exact_topk(work: Path, queries: np.ndarray, k: int = K) -> np.ndarray:
         d, i = faiss.knn(queries, block, k, metric=faiss.METRIC_INNER_PRODUCT)
         heap.add_result(d, np.where(i >= 0, i + start, -1))
     heap.finalize()
-    np.save(cache, heap.I)
+    save_npy(cache, heap.I)
     return heap.I
 
 
@@ -177,7 +197,7 @@ def worker_search(work: Path, name: str, shards: int, nprobe: int, k_factor: int
     for batch in (16, 64):
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < 3.0 or n < 2 * batch:
-            start = (n // batch * batch) % (len(both) - batch)
+            start = (n // batch * batch) % max(1, len(both) - batch)
             r.search_embeddings(both[start:start + batch], K)
             n += batch
         out[f"qps_b{batch}"] = n / (time.perf_counter() - t0)
@@ -261,12 +281,9 @@ def nlist_for(n: int) -> int:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from ziprl.plots import _plt, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = _plt().subplots(figsize=(6.5, 4.2))
     for r in rows:
         ax.scatter(r["load_mb"], r["qps_b64"], s=30)
         ax.annotate(f"{r['config']} x{r['shards']}" + (f" np{r['nprobe']}" if r["nprobe"] else "")
@@ -278,10 +295,13 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("queries/s at batch 64 (1 thread)")
     ax.set_title(f"{rows[0]['n']:,} x {DIM} vectors: memory vs speed")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, checked (exit 2) before anything is written: ``n`` and ``work`` filled in."""
+    from ziprl.paths import cache_root
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="corpus vectors")
     ap.add_argument("--quick", action="store_true", help="n = 100000 (a smoke run)")
@@ -293,11 +313,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", nargs="*", type=int, default=None, metavar="NPROBE",
                     help="search the IVF indexes of the last run again at these nprobe values and add the rows")
     args = ap.parse_args(argv)
-    n = 100_000 if args.quick else args.n
-    from ziprl.paths import cache_root
+    args.n = 100_000 if args.quick else args.n
+    if args.n < REAL_PASSAGES:
+        ap.error(f"--n {args.n}: the corpus holds the sample's {REAL_PASSAGES} real passages, so --n is at least "
+                 f"{REAL_PASSAGES}")
+    if args.queries < 1:
+        ap.error(f"--queries {args.queries}: give at least 1")
+    if args.sweep is not None and not (RESULTS / f"{args.name}.json").is_file():
+        ap.error(f"--sweep searches the indexes of the last run, whose results {RESULTS / args.name}.json are "
+                 "missing: run without --sweep first")
+    args.work = args.work or str(cache_root() / "bench" / f"retrieval_scale-{args.n}")
+    return args
 
-    work = Path(args.work or cache_root() / "bench" / f"retrieval_scale-{n}")
-    t0 = time.perf_counter()
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:  # data and indexes go into a directory this benchmark marked (a rerun reuses the data)
+        work = work_dir(args.work, "bench")
+        check_data(work, args.n, args.queries)
+        with locked(work):  # a second run on this --work is refused, naming the process that holds it
+            run(args, work)
+    except OutputError as exc:
+        print(f"error: --work: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    """The data, then each config's build and search, then the results files."""
+    n, t0 = args.n, time.perf_counter()
     meta = make_data(work, n, args.queries)
     print(f"data ready in {time.perf_counter() - t0:.0f} s: {work}", flush=True)
     nlist = nlist_for(n)
@@ -337,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.name, rows, meta)
     plot(rows, RESULTS / f"{args.name}.png")
     print(json.dumps(meta["extrapolated"], indent=1))
-    return 0
 
 
 if __name__ == "__main__":

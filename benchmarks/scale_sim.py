@@ -29,7 +29,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import results_name, write_results  # noqa: E402
 
+from ziprl.outputs import OutputError  # noqa: E402
+from ziprl.rundir import plan_run_dir, prepare_run_dir  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs"  # each launch's run directory: runs/scale_sim_s<max_staleness>_<transport>
 ROLES = (("RolloutWorker", "rollout actor"), ("LearnerWorker", "learner rank"), ("Retriever", "retriever replica"),
          ("ServeController", "serve controller"), ("raylet", "raylet"), ("gcs_server", "gcs"))
 
@@ -105,19 +109,14 @@ class RSSMonitor:
         return out
 
 
-def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -> dict:
-    """One launch at the paper's layout; returns the per-step metrics, totals and process memory."""
-    import ray
-
-    from ziprl.actors.launch import launch
+def launch_config(args: argparse.Namespace, staleness: int, transport: str, model: Path | None):
+    """The config of one launch (``model``: its Stage-1 model, None to check the inputs before it is built)."""
     from ziprl.config import load_config
-    from ziprl.rundir import prepare_run_dir
 
-    out = ROOT / "runs" / f"scale_sim_s{staleness}_{transport}"
-    prepare_run_dir(out, resume=False, overwrite=True)  # replaces only a marked run of this script
     cpus_per_actor = round(0.8 / args.actors, 4)
-    cfg = load_config(ROOT / "configs" / "paper.yaml", [
-        f"run.out_dir={out}", f"run.sft_checkpoint={model}", f"learner.steps={args.steps}",
+    return load_config(ROOT / "configs" / "paper.yaml", [
+        f"run.out_dir={RUNS / f'scale_sim_s{staleness}_{transport}'}", f"learner.steps={args.steps}",
+        *([f"run.sft_checkpoint={model}"] if model else []),
         "model.engine=hf", "model.dtype=float32", "model.device=cpu", "learner.bf16=false",
         "learner.gradient_checkpointing=false", "learner.zero_stage=3", "learner.beta=0.001",
         f"learner.global_batch_questions={args.batch}", "learner.micro_batch_turns=8",
@@ -129,14 +128,30 @@ def run(args: argparse.Namespace, staleness: int, transport: str, model: Path) -
         "run.checkpoint_every=1000", f"data.dataset={args.dataset}", f"weights.transport={transport}",
         *([f"retriever.index_dir={args.index_dir}"] if args.index_dir else []),
     ])
+
+
+def launch_once(cfg) -> float:
+    """``launch(cfg)`` on a local Ray cluster of 2 CPUs; returns its wall seconds (Ray's start not counted)."""
+    import ray
+
+    from ziprl.actors.launch import launch
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
+    launch(cfg, progress=True)
+    return time.perf_counter() - t0
+
+
+def run(cfg) -> dict:
+    """One launch at the paper's layout, in a fresh run directory; returns the per-step metrics, totals and process
+    memory."""
+    out = Path(cfg.run.out_dir)
+    prepare_run_dir(out, resume=False, overwrite=True)  # replaces only a marked run (checked up front)
     with RSSMonitor() as mon:
-        launch(cfg, progress=True)
-    wall = time.perf_counter() - t0
+        wall = launch_once(cfg)
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"staleness": staleness, "transport": transport, "wall_seconds": wall, "steps": steps,
-            "memory": mon.by_role()}
+    return {"staleness": cfg.ray.max_staleness, "transport": cfg.weights.transport, "wall_seconds": wall,
+            "steps": steps, "memory": mon.by_role()}
 
 
 def step_row(s: dict, staleness: int, transport: str) -> dict:
@@ -176,7 +191,26 @@ def report(name: str, runs: list[dict], layout: dict) -> None:
     write_results(name + "_totals", totals)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_runs(ap: argparse.ArgumentParser, text: str) -> list[tuple[int, str]]:
+    """``--runs``'s (max_staleness, transport) pairs; exit 2 on a malformed or repeated one."""
+    pairs = []
+    for pair in text.split(","):
+        staleness, sep, transport = (part.strip() for part in pair.partition(":"))
+        if not sep or not staleness.isdigit() or not transport:
+            ap.error(f"--runs: {pair!r} is not max_staleness:transport (e.g. 1:object_store)")
+        if (int(staleness), transport) in pairs:
+            ap.error(f"--runs: {pair!r} is given twice")
+        pairs.append((int(staleness), transport))
+    return pairs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, every launch's config loaded and its inputs checked (exit 2) before anything is written:
+    ``runs`` (the pairs), ``configs`` (one per pair) and ``model`` (the tiny model's path) filled in."""
+    from ziprl.boundary import UserError, one_line
+    from ziprl.cli.common import check_inputs
+    from ziprl.paths import cache_root
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", type=int, default=32)
     ap.add_argument("--batch", type=int, default=64)
@@ -191,15 +225,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index-dir", help="an existing index of the dataset's corpus (e.g. from `ziprl.index adopt`)")
     ap.add_argument("--name", type=results_name, default="scale_sim")
     args = ap.parse_args(argv)
-    from ziprl.paths import cache_root
+    if args.actors < 1:
+        ap.error(f"--actors {args.actors}: give at least 1")
+    args.runs, args.model = parse_runs(ap, args.runs), cache_root() / "tiny-qwen3-h64"
+    try:
+        check_inputs(launch_config(args, *args.runs[0], None))  # the dataset, corpus and index the launches share
+        args.configs = [launch_config(args, *pair, args.model) for pair in args.runs]
+    except (UserError, OSError) as exc:
+        ap.error(one_line(exc))
+    return args
 
-    model = tiny_qwen3(cache_root() / "tiny-qwen3-h64")
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:  # every run directory a launch replaces is checked before the first launch
+        for cfg in args.configs:
+            plan_run_dir(cfg.run.out_dir, resume=False, overwrite=True)
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tiny_qwen3(args.model)
     layout = {k: getattr(args, k) for k in ("actors", "batch", "group", "ranks", "steps", "max_turns",
                                             "max_new_tokens", "dataset")}
     runs: list[dict] = []
-    for pair in args.runs.split(","):  # results are rewritten after every launch, so a long sweep keeps its part
-        staleness, transport = pair.split(":")
-        runs.append(run(args, int(staleness), transport, model))
+    for cfg in args.configs:  # results are rewritten after every launch, so a long sweep keeps its part
+        runs.append(run(cfg))
         report(args.name, runs, layout)
     return 0
 

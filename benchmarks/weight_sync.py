@@ -150,12 +150,9 @@ def extrapolate(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], name: str) -> None:
-    import matplotlib
+    from ziprl.plots import _plt, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _plt().subplots(figsize=(6, 4))
     for key in sorted({(r["transport"], r["receivers"]) for r in rows if r["dtype"] == "bfloat16"}):
         pts = sorted((n_params(r["params"]), r["warm_s"]) for r in rows
                      if r["dtype"] == "bfloat16" and (r["transport"], r["receivers"]) == key and r["params"] in SHAPES)
@@ -166,7 +163,7 @@ def plot(rows: list[dict], name: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=120)
+    save_figure(fig, RESULTS / f"{name}.png")
 
 
 def main() -> None:

@@ -13,15 +13,19 @@
 # the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
 # /tmp/ziprl-store, and the command ends); the last carries the last piece and adds `--sha256 HEX`: the pieces are
 # joined, checked against HEX, the wheels installed into STORE/site and the data unpacked, then the run starts. A
-# machine that has everything runs it without --piece and --sha256. Without CUDA it says so and exits 0.
+# machine that has everything runs it without --piece and --sha256. Without CUDA it says so and exits 0. STORE is new,
+# empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is written; the joined
+# payload becomes STORE/payload.tar only once its sha256 matches.
 # --dry-run writes the run's config to OUT/learn-gpu.yaml (ZipRL's loader checks it) and prints the plan, anywhere.
-# PYTHON=... picks the interpreter (default .venv/bin/python, else python3).
+# PYTHON=... picks the interpreter (default .venv/bin/python, else python3). Relative paths are the caller's.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+HERE=$PWD
+cd "$(dirname "$0")/.." || exit 1
 
 usage() { sed -n '9,10p' "$0" | sed 's/^#  *//' >&2; }
 die() { echo "gpu_learn: $*" >&2; exit 2; }
 count() { [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive integer, got '${2:-}'"; }
+abs() { if [[ $1 = /* ]]; then echo "$1"; else echo "$HERE/$1"; fi; }  # a path given relative to the caller's directory
 
 PIECES=()
 SHA=""
@@ -36,7 +40,7 @@ STORE=/tmp/ziprl-store
 DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --piece) [ -n "${2:-}" ] || die "--piece needs a file"; PIECES+=("$2"); shift 2 ;;
+    --piece) [ -n "${2:-}" ] || die "--piece needs a file"; PIECES+=("$(abs "$2")"); shift 2 ;;
     --sha256) [[ ${2:-} =~ ^[0-9a-f]{64}$ ]] || die "--sha256 needs 64 hex digits"; SHA=$2; shift 2 ;;
     --steps) count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
     --questions) count "$1" "${2:-}"; QUESTIONS=$2; shift 2 ;;
@@ -44,8 +48,8 @@ while [ $# -gt 0 ]; do
     --eval-limit) count "$1" "${2:-}"; EVAL_LIMIT=$2; shift 2 ;;
     --minutes) count "$1" "${2:-}"; MINUTES=$2; shift 2 ;;
     --name) [[ ${2:-} =~ ^[A-Za-z0-9_.-]+$ ]] || die "--name needs letters, digits, _ . or -"; NAME=$2; shift 2 ;;
-    --out) [ -n "${2:-}" ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
-    --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$2; shift 2 ;;
+    --out) [ -n "${2:-}" ] || die "--out needs a directory"; OUT=$(abs "$2"); shift 2 ;;
+    --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$(abs "$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage; die "unknown argument $1" ;;
@@ -54,6 +58,14 @@ done
 for piece in "${PIECES[@]}"; do
   [ -f "$piece" ] || die "no piece $piece"
 done
+MARK=$STORE/.ziprl-gpu-store  # this script wrote STORE: its pieces/, payload.tar, wheels/, data/ and site/ may be replaced
+if [ ${#PIECES[@]} -gt 0 ] || [ -n "$SHA" ]; then
+  if [ -e "$STORE" ] || [ -L "$STORE" ]; then
+    { [ -d "$STORE" ] && [ ! -L "$STORE" ]; } || die "--store $STORE exists and is not a directory; choose a new one"
+    [ -f "$MARK" ] || [ -z "$(ls -A "$STORE")" ] \
+      || die "--store $STORE holds files this script did not write (no $MARK); nothing was written or deleted: choose a new or empty directory"
+  fi
+fi
 
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
@@ -109,6 +121,7 @@ fi
 start=$(date +%s)
 if [ ${#PIECES[@]} -gt 0 ]; then
   mkdir -p "$STORE/pieces" || die "cannot write $STORE"
+  touch "$MARK" || die "cannot write $MARK"
   cp "${PIECES[@]}" "$STORE/pieces/" || die "cannot copy ${PIECES[*]} into $STORE/pieces"
   echo "gpu_learn: $STORE/pieces holds $(find "$STORE/pieces" -type f | wc -l) piece(s)"
   [ -n "$SHA" ] || exit 0
@@ -116,8 +129,10 @@ fi
 if [ -n "$SHA" ]; then
   mapfile -t pieces < <(find "$STORE/pieces" -type f -name 'part-*' | sort)
   [ ${#pieces[@]} -gt 0 ] || die "no pieces in $STORE/pieces"
-  got=$(cat "${pieces[@]}" | tee "$STORE/payload.tar" | sha256sum | cut -d' ' -f1)
-  [ "$got" = "$SHA" ] || die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/})"
+  part=$(mktemp "$STORE/.payload.tar.XXXXXX") || die "cannot write $STORE"
+  got=$(cat "${pieces[@]}" | tee "$part" | sha256sum | cut -d' ' -f1) || { rm -f "$part"; die "cannot join the pieces into $part"; }
+  [ "$got" = "$SHA" ] || { rm -f "$part"; die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/})"; }
+  mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"
   tar -xf "$STORE/payload.tar" -C "$STORE" || die "cannot unpack $STORE/payload.tar"
   "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "$STORE"/wheels/*.whl || die "wheel install failed"
   export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_SHARED_DATA="$STORE/data"

@@ -1,9 +1,11 @@
 """Build the shipped invented-entity data set (ziprl/data/invented/) from a seed, reproducibly.
 
-    python scripts/make_invented.py [--seed 0] [--out ziprl/data/invented]
+    python scripts/make_invented.py [--seed 0] --out DIR
 
 Writes corpus.jsonl.gz, train.jsonl, heldout.jsonl (ziprl.retrieval.sets.invented_world.write_invented) and a
-README.md recording the seed and the counts. Same seed, same bytes.
+README.md recording the seed and the counts. Same seed, same bytes. --out is new, empty, or an earlier output of
+this script (scripts/_script_out.py); the files are built beside it and moved in once complete. The shipped
+directory predates the marker: to rebuild it, write to a new --out and copy the files over.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ziprl.retrieval.sets.invented_world import QTYPE_WEIGHTS, TWIN_RATE, Invented, World, write_invented
+from _script_out import building, checked_out
 
-REPO = Path(__file__).resolve().parents[1]
+from ziprl.boundary import run_command
+from ziprl.retrieval.sets.invented_world import QTYPE_WEIGHTS, TWIN_RATE, Invented, World, write_invented
 
 README = """\
 # Invented entities: a search task no model can answer from memory
@@ -77,14 +80,17 @@ def readme(data: Invented, seed: int) -> str:
         world_rows="\n".join(world_row(n, w) for n, w in data.worlds.items()))
 
 
+@run_command
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(REPO / "ziprl" / "data" / "invented"))
+    ap.add_argument("--out", required=True, help="a new or empty directory, or an earlier output of this script "
+                    "(the shipped ziprl/data/invented/ predates the marker: write elsewhere and copy the files over)")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    data = write_invented(out, args.seed)
-    (out / "README.md").write_text(readme(data, args.seed), encoding="utf-8")
+    out = checked_out(args.out, "data", Path(__file__).name)
+    with building(out, "data") as tmp:
+        data = write_invented(tmp, args.seed)
+        (tmp / "README.md").write_text(readme(data, args.seed), encoding="utf-8")
     size = sum(f.stat().st_size for f in out.iterdir())
     print(f"wrote {out}: {len(data.corpus)} passages, {len(data.train)} training and {len(data.heldout)} held-out "
           f"questions, {size:,} bytes")

@@ -1,11 +1,14 @@
 """Build the shipped sample (ziprl/data/sample/) from the shared data sets, reproducibly.
 
-    python scripts/make_sample.py [--shared DATA_DIR] [--out ziprl/data/sample]
+    python scripts/make_sample.py [--shared DATA_DIR] --out DIR
 
 Picks the first N HotpotQA-train and N MuSiQue-train questions (HippoRAG subsets) with short, non yes/no
 answers, keeps every paragraph of their contexts, and fills the corpus up to --passages with a seeded
 random draw of the other pooled-corpus passages (HotpotQA dev, MuSiQue, wiki18) as distractors.
-Passage ids and texts are those of the pooled corpus (ziprl.retrieval.sets.pooled.pooled_passages).
+Passage ids and texts are those of the pooled corpus (ziprl.retrieval.sets.pooled.pooled_passages). Every check
+(--out, the data, every supporting title in the corpus) passes before anything is written; --out is new, empty, or
+an earlier output of this script (scripts/_script_out.py). The shipped directory predates the marker and holds the
+index: to rebuild it, write to a new --out and copy the files over.
 """
 
 from __future__ import annotations
@@ -15,16 +18,17 @@ import random
 import sys
 from pathlib import Path
 
-from ziprl.retrieval.corpus import load_corpus, write_corpus
-from ziprl.retrieval.datasets import default_shared_dir, shared_file, write_qa_jsonl
+from _script_out import building, checked_out
+
+from ziprl.boundary import UserError, run_command
+from ziprl.retrieval.corpus import write_corpus
+from ziprl.retrieval.datasets import DatasetError, default_shared_dir, shared_file, write_qa_jsonl
 from ziprl.retrieval.sets.hotpotqa import TRAIN as HOTPOT_TRAIN
 from ziprl.retrieval.sets.hotpotqa import load_hotpot_train
 from ziprl.retrieval.sets.musique import TRAIN as MUSIQUE_TRAIN
 from ziprl.retrieval.sets.musique import load_musique_train
 from ziprl.retrieval.sets.pooled import context_paragraphs, pooled_passages
-from ziprl.retrieval.types import QAExample
-
-REPO = Path(__file__).resolve().parents[1]
+from ziprl.retrieval.types import Passage, QAExample
 
 ATTRIBUTION = """\
 # Shipped sample: attribution and licences
@@ -77,17 +81,9 @@ def short(ex: QAExample, max_words: int) -> bool:
     return len(a.split()) <= max_words and a.strip().lower() not in ("yes", "no")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=None, help="the data directory (default: $ZIPRL_DATA; docs/data.md)")
-    ap.add_argument("--out", default=str(REPO / "ziprl" / "data" / "sample"))
-    ap.add_argument("--per-source", type=int, default=30, help="questions from each of HotpotQA and MuSiQue")
-    ap.add_argument("--passages", type=int, default=2000, help="total corpus size")
-    ap.add_argument("--max-words", type=int, default=3, help="longest gold answer kept, in words")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    shared = Path(args.shared) if args.shared else default_shared_dir()
-
+def choose(shared: Path, args: argparse.Namespace) -> tuple[list[QAExample], list[QAExample], list[Passage], int]:
+    """The HotpotQA and MuSiQue questions, the corpus (pooled order) and how many of its passages are their
+    context paragraphs; UserError when --passages is more than the pooled corpus holds."""
     pooled = pooled_passages(shared)
     by_key = {(p.title, p.text): i for i, p in enumerate(pooled)}
     hotpot = [e for e in load_hotpot_train(shared_file(HOTPOT_TRAIN, shared)) if short(e, args.max_words)]
@@ -99,23 +95,45 @@ def main(argv: list[str] | None = None) -> int:
     own = {by_key[par] for e in hotpot + musique for par in contexts[e.id]}
     rest = [i for i in range(len(pooled)) if i not in own]
     n_distractors = max(0, args.passages - len(own))
+    if n_distractors > len(rest):
+        raise UserError(f"--passages {args.passages} is more than the pooled corpus holds ({len(pooled)} passages); "
+                        f"pass at most {len(pooled)}")
     keep = sorted(own | set(random.Random(args.seed).sample(rest, n_distractors)))
+    return hotpot, musique, [pooled[i] for i in keep], len(own)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_qa_jsonl(hotpot + musique, out / "qa.jsonl")
-    corpus = write_corpus([pooled[i] for i in keep], out / "corpus.jsonl.gz")
-    titles = {p.title for p in load_corpus(corpus)}
-    lost = [(e.id, t) for e in hotpot + musique for t in e.supporting_titles if t not in titles]
+
+def check_supported(examples: list[QAExample], passages: list[Passage]) -> None:
+    """DatasetError when a supporting title of a question is no passage's title."""
+    titles = {p.title for p in passages}
+    lost = [(e.id, t) for e in examples for t in e.supporting_titles if t not in titles]
     if lost:
-        print(f"error: supporting titles missing from the sample corpus: {lost}", file=sys.stderr)
-        return 1
-    (out / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(
-        per_source=args.per_source, passages=args.passages, seed=args.seed, max_words=args.max_words,
-        n_questions=len(hotpot) + len(musique), n_hotpot=len(hotpot), n_musique=len(musique),
-        n_passages=len(keep), n_own=len(own), n_distractors=len(keep) - len(own)), encoding="utf-8")
+        raise DatasetError(f"{len(lost)} supporting titles are missing from the sample corpus (e.g. {lost[:3]}); "
+                           "nothing was written: check the data directory's HotpotQA and MuSiQue files (docs/data.md)")
+
+
+@run_command
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", default=None, help="the data directory (default: $ZIPRL_DATA; docs/data.md)")
+    ap.add_argument("--out", required=True, help="a new or empty directory, or an earlier output of this script "
+                    "(the shipped ziprl/data/sample/ predates the marker: write elsewhere and copy the files over)")
+    ap.add_argument("--per-source", type=int, default=30, help="questions from each of HotpotQA and MuSiQue")
+    ap.add_argument("--passages", type=int, default=2000, help="total corpus size")
+    ap.add_argument("--max-words", type=int, default=3, help="longest gold answer kept, in words")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    out = checked_out(args.out, "data", Path(__file__).name)
+    hotpot, musique, passages, n_own = choose(Path(args.shared) if args.shared else default_shared_dir(), args)
+    check_supported(hotpot + musique, passages)
+    with building(out, "data") as tmp:
+        write_qa_jsonl(hotpot + musique, tmp / "qa.jsonl")
+        write_corpus(passages, tmp / "corpus.jsonl.gz")
+        (tmp / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(
+            per_source=args.per_source, passages=args.passages, seed=args.seed, max_words=args.max_words,
+            n_questions=len(hotpot) + len(musique), n_hotpot=len(hotpot), n_musique=len(musique),
+            n_passages=len(passages), n_own=n_own, n_distractors=len(passages) - n_own), encoding="utf-8")
     size = sum(f.stat().st_size for f in out.iterdir())
-    print(f"wrote {out}: {len(hotpot) + len(musique)} questions, {len(keep)} passages, {size:,} bytes")
+    print(f"wrote {out}: {len(hotpot) + len(musique)} questions, {len(passages)} passages, {size:,} bytes")
     return 0
 
 

@@ -4,19 +4,25 @@
 
 Three "training step" files (adaptive; the teacher answers wrong on a shrinking share of questions, and
 one turn per episode is malformed early on) and eval files for adaptive and react, with real prompt ids
-(SmolLM2's chat template), so the viewer decodes each turn's memory and raw observation.
+(SmolLM2's chat template), so the viewer decodes each turn's memory and raw observation. OUT is new, empty, or an
+earlier output of this script (scripts/_script_out.py), checked before anything loads; a rerun replaces its files.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
+from _script_out import checked_out
+
+from ziprl.boundary import run_command
 from ziprl.config import ModelConfig, RetrieverConfig
 from ziprl.env.chat import chat_ids
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
+from ziprl.outputs import write_marker
 from ziprl.policy.models import load_tokenizer, resolve_model_path
 from ziprl.retrieval.datasets import load_dataset
 from ziprl.retrieval.retriever import Retriever
@@ -45,8 +51,13 @@ def play(env, tok, example, wrong: bool, malformed: bool, version: int) -> Traje
     return traj
 
 
-def main(out: str) -> None:
-    out_dir = Path(out)
+@run_command
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", default="runs/viewer_demo", help="the run directory to write")
+    out_dir = checked_out(ap.parse_args(argv).out, "bench", Path(__file__).name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_marker(out_dir, "bench")
     tok = load_tokenizer(resolve_model_path(ModelConfig()))
     examples = load_dataset("sample", limit=8)
     retriever = Retriever.from_config(RetrieverConfig())
@@ -60,7 +71,8 @@ def main(out: str) -> None:
         save_trajectories([play(env, tok, ex, False, False, 3) for ex in examples],
                           out_dir / f"trajectories_{strategy}.parquet")
     print(f"wrote {out_dir}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/viewer_demo")
+    sys.exit(main())

@@ -142,3 +142,52 @@ def test_a_bad_config_override_of_the_learning_gate_exits_2_before_any_run(tmp_p
     assert proc.returncode == 2
     assert f"error: {flag}: learner.hrr_reference must be trajectory or causal, got 'nope'" in proc.stderr
     assert "[gate]" not in proc.stdout and "[hrr]" not in proc.stdout
+
+
+@pytest.fixture
+def results(common, tmp_path, monkeypatch):
+    """``RESULTS`` under ``tmp_path``, holding ``gate`` written by learning_gate.py; this process is cpu_engines.py."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])
+    common.write_results("gate", [{"passed": True}])
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "cpu_engines.py"), "--out", "gate"])
+    return tmp_path / "results"
+
+
+def test_results_another_script_wrote_are_refused_when_the_arguments_are_parsed(common, results, capsys):
+    import argparse
+
+    from ziprl.testing.outputs import digests
+
+    before = digests(results)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=common.results_name)
+    with pytest.raises(SystemExit) as exc:
+        ap.parse_args(["--out", "gate"])
+    assert exc.value.code == 2
+    assert "hold the results of learning_gate.py, not of cpu_engines.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        common.write_results("gate", [{"tokens_per_s": 1.0}])
+    assert exc.value.code == 2
+    assert "delete those files yourself to replace them" in capsys.readouterr().err
+    assert digests(results) == before
+
+
+def test_a_script_rewrites_its_own_results_and_any_older_than_the_provenance(common, results, monkeypatch):
+    (results / "old.json").write_text(json.dumps({"rows": [], "meta": {}, "machine": {}}))
+    common.write_results("old", [{"a": 1}])
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])
+    common.write_results("gate", [{"passed": False}])
+    assert json.loads((results / "gate.json").read_text())["rows"] == [{"passed": False}]
+    assert json.loads((results / "old.json").read_text())["command"] == "python benchmarks/cpu_engines.py --out gate"
+
+
+@pytest.mark.parametrize(("name", "text"), [("notes.md", "# measured by hand\n"), ("sweep.json", '{"results": {}}'),
+                                            ("torn.json", '{"rows": [')])
+def test_files_write_results_did_not_write_are_refused(common, results, name, text):
+    import argparse
+
+    (results / name).write_text(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="hold files no benchmark wrote"):
+        common.results_name(Path(name).stem)
+    assert (results / name).read_text() == text

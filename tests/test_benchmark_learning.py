@@ -734,3 +734,67 @@ def test_compare_diff_pairs_questions_and_skips_turns_without_a_score(compare, t
     assert rows["f1"]["rl_minus_stage1"] == pytest.approx((1.0 - 0.5) / 2)
     assert rows["q_com"]["rl_minus_stage1"] == pytest.approx(((0.6 - 0.3) + (0.7 - 0.5)) / 2)
     assert rows["q_com"]["questions"] == 2
+
+
+@pytest.fixture
+def compared(compare, tmp_path, monkeypatch):
+    """What learning.py leaves under --out (a held-out split, a run of 2 steps, a Stage-1 model), and no export."""
+    import struct
+
+    from ziprl.outputs import write_marker
+
+    out = tmp_path / "out"
+    write_marker(out, "bench")
+    (out / "heldout.jsonl").write_text('{"id": "q1", "question": "q?", "answers": ["a"]}\n')
+    (out / "w0.2_seed0").mkdir()
+    (out / "w0.2_seed0" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    stage1 = tmp_path / "stage1"
+    stage1.mkdir()
+    (stage1 / "config.json").write_text('{"model_type": "llama"}')
+    (stage1 / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    monkeypatch.setattr(compare, "checkpoint_model", lambda *a: pytest.fail("exported before the arguments were checked"))
+    return ["--out", str(out), "--stage1-model", str(stage1)]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--noise", "0,2"], "--noise levels must be probabilities in [0, 1]"),
+    (["--strategies", "adaptive,uniform"], "with adaptive and react among them"),
+    (["--strategies", "adaptive,react,nosuch"], "choose from"),
+    (["--limit", "0"], "--limit, --workers and --step must be >= 1"),
+    (["--run", "w0_seed0"], "no w0_seed0 run"),
+])
+def test_compare_checks_every_argument_before_it_exports_a_checkpoint(compare, compared, capsys, argv, said):
+    from ziprl.testing.outputs import digests
+
+    out = Path(compared[1])
+    before = digests(out)
+    with pytest.raises(SystemExit) as exc:
+        compare.main([*compared, *argv])
+    assert exc.value.code == 2
+    assert said in capsys.readouterr().err
+    assert digests(out) == before
+
+
+def test_compare_runs_one_job_per_model_and_strategy_on_the_threads_it_gets(compare, compared, tmp_path,
+                                                                            monkeypatch):
+    """The sweeps go to learning.py's ``run_parallel`` as its Jobs: each builds its ``ziprl.eval --noise`` command
+    when it starts, for the torch threads it gets."""
+    given = {}
+
+    def run_parallel(jobs, workers, logs):
+        given.update(jobs=jobs, workers=workers, logs=logs)
+        raise SystemExit("stop after the jobs")
+
+    monkeypatch.setattr(compare, "checkpoint_model", lambda run_dir, step, base: tmp_path / "rl")
+    monkeypatch.setattr(compare, "run_parallel", run_parallel)
+    with pytest.raises(SystemExit, match="stop after the jobs"):
+        compare.main([*compared, "--strategies", "adaptive,react", "--noise", "0,0.5"])
+    jobs = given["jobs"]
+    assert all(isinstance(j, compare.Job) for j in jobs)
+    assert [j.name for j in jobs] == ["compare_stage1_adaptive", "compare_stage1_react",
+                                      "compare_w0.2_seed0_step2_adaptive", "compare_w0.2_seed0_step2_react"]
+    command = jobs[3].command(2)
+    assert command[command.index("--model") + 1] == str(tmp_path / "rl")
+    assert command[command.index("--noise") + 1] == "0,0.5"
+    assert command[-1] == "model.num_threads=2"
+    assert (given["workers"], given["logs"]) == (2, Path(compared[1]).resolve() / "logs")

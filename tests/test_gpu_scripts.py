@@ -1,6 +1,7 @@
 """scripts/gpu_learn.sh and scripts/gpu_payload.sh where no GPU is: their arguments, the dry runs' plans (the run's
-config written and checked), the pieces of a payload copied into the store and a damaged payload refused before
-anything is installed. The run itself needs a GPU machine (../shared/GPU.md)."""
+config written and checked), the pieces of a payload copied into the store, a damaged payload refused before
+anything is installed and a store they did not write refused before anything is written. The run itself needs a GPU
+machine (../shared/GPU.md)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from ziprl.config import load_config
+from ziprl.testing.outputs import digests
 
 REPO = Path(__file__).resolve().parents[1]
 LEARN, PAYLOAD = REPO / "scripts" / "gpu_learn.sh", REPO / "scripts" / "gpu_payload.sh"
 
 
-def run(script: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=120,
+def run(script: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**os.environ, "PYTHON": sys.executable})
 
 
@@ -74,7 +76,39 @@ def test_pieces_are_copied_into_the_store_and_a_damaged_payload_is_refused(tmp_p
     last = run(LEARN, "--piece", str(pieces[1]), "--store", str(store), "--sha256", wrong)
     assert last.returncode == 2
     assert "a piece is missing or damaged (have: part-aa part-ab)" in last.stderr
-    assert not (store / "site").exists()  # nothing installed
+    listing = [".ziprl-gpu-store", "pieces", "pieces/part-aa", "pieces/part-ab"]
+    assert sorted(digests(store)) == listing  # no payload.tar (nor its temporary) and nothing installed
+    right = hashlib.sha256(b"first half second half").hexdigest()
+    joined = run(LEARN, "--store", str(store), "--sha256", right)
+    assert joined.returncode == 2 and "cannot unpack" in joined.stderr  # not a tar: it stops there
+    assert (store / "payload.tar").read_bytes() == b"first half second half"
+    assert sorted(digests(store)) == sorted([*listing, "payload.tar"])
+
+
+def test_a_store_the_script_did_not_write_is_refused_before_anything_is_written(tmp_path):
+    """A user's --store: neither its payload.tar (which the join replaced) nor its data/ (which tar -x overwrote)
+    is touched, even with the right checksum; a file as --store is refused too."""
+    store = tmp_path / "store"
+    (store / "data").mkdir(parents=True)
+    (store / "data" / "notes.txt").write_text("my notes\n")
+    (store / "payload.tar").write_bytes(b"my tar")
+    piece = tmp_path / "part-aa"
+    piece.write_bytes(b"a payload")
+    before = digests(store)
+    for dry in ([], ["--dry-run"]):
+        done = run(LEARN, *dry, "--piece", str(piece), "--store", str(store), "--sha256",
+                   hashlib.sha256(b"a payload").hexdigest())
+        assert done.returncode == 2 and "holds files this script did not write" in done.stderr, done.stderr
+        assert digests(store) == before
+    assert run(LEARN, "--piece", str(piece), "--store", str(piece)).returncode == 2
+    assert piece.read_bytes() == b"a payload"
+
+
+def test_relative_pieces_and_store_are_the_callers(tmp_path):
+    (tmp_path / "part-aa").write_bytes(b"x")
+    done = run(LEARN, "--piece", "part-aa", "--store", "store", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "store" / "pieces" / "part-aa").read_bytes() == b"x"
 
 
 def test_the_payload_plan_pins_what_this_environment_holds():

@@ -60,7 +60,7 @@ LAYERS: dict[str, Row] = {
     "weights/": row(FOUNDATION, HEAVY - {"torch"}, {"torch"}),
     "policy/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/"}, {"ray", "deepspeed"}),
     "tb.py": row({"paths.py"}, HEAVY - {"torch"}, {"torch"}),
-    "plots.py": row({"env/"}, HEAVY, {"matplotlib"}),
+    "plots.py": row({"paths.py", "env/"}, HEAVY, {"matplotlib"}),
     "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/"}, {"ray"}),
     "loop/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/", "policy/", "learner/", "tb.py"}, HEAVY),
     "rundir.py": row(FOUNDATION | {"learner/"}, HEAVY),

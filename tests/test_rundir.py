@@ -125,6 +125,27 @@ def test_a_resumed_run_keeps_the_old_config(tmp_path):
     assert json.loads(second.read_text()) == {"lr": 2}
 
 
+def test_a_resume_with_the_same_config_leaves_config_json_as_it_is(tmp_path):
+    path = write_config(tmp_path, {"lr": 1})
+    before = os.stat(path)
+    assert write_config(tmp_path, {"lr": 1}) == path
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_config_write_that_fails_leaves_no_config_json(tmp_path, monkeypatch):
+    """Written beside and renamed: a write that fails (a full disk, a kill) leaves no torn config.json to resume."""
+    import ziprl.paths
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ziprl.paths, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_config(tmp_path, {"lr": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_overwrite_refuses_to_delete_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "precious.txt").write_text("x")
     monkeypatch.chdir(tmp_path)

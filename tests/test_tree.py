@@ -23,6 +23,7 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_gpu.py": "the GPU-only tests (scripts/gpu_check.sh)",
     "test_gpu_check.py": "scripts/gpu_check.sh without a GPU",
     "test_gpu_scripts.py": "scripts/gpu_learn.sh and scripts/gpu_payload.sh",
+    "test_data_scripts.py": "scripts/make_invented.py, scripts/make_sample.py and scripts/viewer_demo_run.py",
     "test_cluster_yaml.py": "cluster/a100x8.yaml",
     "test_one_step_example.py": "examples/one_step.py",
     "test_benchmark_common.py": "benchmarks/_common.py",
@@ -33,6 +34,8 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_benchmark_learner_packing.py": "benchmarks/learner_packing.py",
     "test_benchmark_learning.py": "benchmarks/learning.py and benchmarks/learning_compare.py",
     "test_benchmark_qcom_shift.py": "benchmarks/qcom_shift.py",
+    "test_benchmark_retrieval_scale.py": "benchmarks/retrieval_scale.py",
+    "test_benchmark_scale_sim.py": "benchmarks/scale_sim.py",
     "test_results_index.py": "benchmarks/README.md indexes benchmarks/results/",
 }
 

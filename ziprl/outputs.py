@@ -42,7 +42,8 @@ from ziprl.paths import atomic_write_json
 MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
 MARKER_FORMAT = 1
 KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report",
-         "bench": "a benchmark's working directory", "model": "a model directory export_model wrote"}
+         "bench": "a benchmark's working directory", "model": "a model directory export_model wrote",
+         "data": "a generated data set"}
 DEFAULT_KIND = "run"  # a marker without a kind: written when runs were the only kind
 SHOWN = 5  # offending entries named in an error
 
@@ -153,8 +154,13 @@ def _check_marker(out: Path, kind: str) -> None:
         raise OutputError(f"{out} {no_marker(out)}; nothing was written: remove it yourself, or choose another --out")
     if marker is not None and marker["kind"] != kind:
         what = KINDS.get(marker["kind"], f"a ZipRL output of kind {str(marker['kind'])[:40]!r}")
-        raise OutputError(f"{out} is {what} directory (its {MARKER} says so), not {KINDS[kind]} directory; "
+        raise OutputError(f"{out} is {as_directory(what)} (its {MARKER} says so), not {as_directory(KINDS[kind])}; "
                           "nothing was written: choose another --out")
+
+
+def as_directory(what: str) -> str:
+    """``what`` (a kind's description) as a directory: "an SFT run" -> "an SFT run directory"."""
+    return what if "directory" in what else f"{what} directory"
 
 
 # ---------------------------------------------------------------- links

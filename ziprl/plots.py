@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ziprl.env.trajectory import Trajectory
+from ziprl.paths import atomic_path
 
 
 def _plt():
@@ -15,6 +16,15 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Write ``fig`` as a PNG to ``path`` atomically (an old plot stays whole until the new one is complete), then
+    close it; returns ``path``."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    _plt().close(fig)
+    return Path(path)
 
 
 def tokens_per_turn(trajs: list[Trajectory]) -> tuple[list[int], list[float]]:
@@ -38,9 +48,7 @@ def plot_tokens_per_turn(series: dict[str, tuple[list[int], list[float]]], path:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_levels(dist: dict[str, list[float]], path: Path, title: str) -> Path:
@@ -55,9 +63,7 @@ def plot_levels(dist: dict[str, list[float]], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, ylabel: str,
@@ -76,6 +82,4 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path, title: s
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

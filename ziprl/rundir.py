@@ -47,6 +47,7 @@ from ziprl.outputs import (
     refuse_links,
     write_marker,
 )
+from ziprl.paths import atomic_write_text
 
 RUN_FILES = (MARKER, LOCK, "config.json", "metrics.jsonl")  # top-level files a run writes
 RUN_DIRS = ("checkpoints", "tb", "trajectories")  # top-level directories a run writes
@@ -139,13 +140,14 @@ def prepare_run_dir(out_dir: str | Path, resume: bool, overwrite: bool, command:
 
 
 def write_config(out_dir: str | Path, config: dict[str, Any]) -> Path:
-    """Write ``config.json``; a resumed run with a different config keeps the old file and adds a dated one."""
+    """Write ``config.json`` atomically; a resumed run with the same config leaves it as it is, one with a different
+    config keeps it and adds a dated one."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(config, indent=2) + "\n"
     path = out / "config.json"
-    if path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
+    if path.is_file():
+        if path.read_text(encoding="utf-8", errors="replace") == text:
+            return path
         path = out / f"config.{time.strftime('%Y%m%d-%H%M%S')}.json"
         print(f"[run] the configuration differs from {out / 'config.json'}; this run's is in {path}", flush=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return atomic_write_text(path, text)

@@ -58,7 +58,7 @@ def markdown_table(dataset: str, rows: dict[str, dict[str, dict[str, float]]]) -
 
 def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: str) -> Path:
     """One panel per metric against noise, a line per strategy."""
-    from ziprl.plots import _plt
+    from ziprl.plots import _plt, save_figure
 
     plt = _plt()
     panels = [("em", "EM"), ("f1", "F1"), ("q_com", "Q_com"), ("tokens_per_trajectory", "tokens / trajectory"),
@@ -74,9 +74,7 @@ def plot_noise(rows: dict[str, dict[str, dict[str, float]]], path: Path, title: 
     axes.flat[0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def noise_sweep(cfg: ZipRLConfig, strategies: list[str], levels: list[float], out: Path,

@@ -43,7 +43,7 @@ from typing import Any
 
 from ziprl.boundary import UserError
 from ziprl.config import DataConfig, RetrieverConfig, ZipRLConfig
-from ziprl.paths import cache_root, not_a_file
+from ziprl.paths import atomic_write_text, cache_root, not_a_file
 from ziprl.registry import DATASETS
 from ziprl.retrieval.corpus import LONE_SURROGATE, json_array_hint, write_corpus
 from ziprl.retrieval.types import Passage, QAExample
@@ -267,14 +267,13 @@ def load_qa_jsonl(path: str | Path, max_question_chars: int = MAX_QUESTION_CHARS
 
 
 def write_qa_jsonl(examples: Iterable[QAExample], path: str | Path) -> Path:
-    """Write examples in the unified schema (one JSON object per line)."""
+    """Write examples in the unified schema (one JSON object per line), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"id": e.id, "question": e.question, "answers": e.answers,
                          "supporting_titles": e.supporting_titles, "source": e.source}, ensure_ascii=False)
              for e in examples]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------- public entry points
