@@ -311,3 +311,25 @@ def test_the_build_stays_in_the_environment_whatever_deepspeed_sets(monkeypatch,
         if os.access(sys.prefix, os.W_OK):
             assert Path(sys.prefix) in build_dir(kernel).parents
     assert len({build_dir(k) for k in KERNELS}) == len(KERNELS)  # one build each: one failing leaves the other
+
+
+def test_a_build_killed_mid_way_does_not_block_the_next(monkeypatch, tmp_path, capsys):
+    """torch's build lock (``lock`` in the build directory) outlives a build that was killed, and every later
+    ``load`` would wait on it for ever; the next build, holding ZipRL's own lock, removes it and builds."""
+    import dataclasses
+
+    kernel = dataclasses.replace(KERNELS[0], name="ziprl_test_kernel")
+    monkeypatch.setattr(fused, "build_dir", lambda k: tmp_path / k.name)
+    (tmp_path / kernel.name).mkdir()
+    (tmp_path / kernel.name / "lock").touch()  # what a killed build leaves
+    built = []
+
+    def load(name, build_directory, **kwargs):
+        if (tmp_path / name / "lock").exists():
+            raise AssertionError("torch would wait on the stale lock for ever")
+        built.append(name)
+        return name
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    assert fused.extension(kernel) == "ziprl_test_kernel" and built == ["ziprl_test_kernel"]
+    assert "left by a build that was stopped" in capsys.readouterr().err

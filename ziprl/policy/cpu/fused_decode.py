@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ziprl.outputs import locked
 from ziprl.paths import cache_root
 from ziprl.policy.cpu.isa import cpu_flags
 from ziprl.policy.kv import RoomyLayer
@@ -78,9 +79,13 @@ def extension(kernel: Kernel) -> Any:
     from torch.utils.cpp_extension import load
 
     build = build_dir(kernel)
-    build.mkdir(parents=True, exist_ok=True)
-    return load(name=kernel.name, sources=[str(kernel.source)], extra_cflags=list(kernel.cflags),
-                extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    with locked(build, wait=True):  # one build at a time; the OS releases it when a build is killed
+        baton = build / "lock"  # torch's own lock: present now only when a build was killed mid-way
+        if baton.is_file():
+            print(f"[fused_decode] removing {baton}, left by a build that was stopped", file=sys.stderr, flush=True)
+            baton.unlink()  # else torch would wait on it for ever
+        return load(name=kernel.name, sources=[str(kernel.source)], extra_cflags=list(kernel.cflags),
+                    extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
 
 
 def unsupported(model: Any) -> str | None:
