@@ -89,6 +89,7 @@ OWNED = {"learner.hrr_weight": "--weights", "learner.seed": "--seeds", "data.see
          **dict.fromkeys(("data.dataset", "retriever.corpus"), "--task"),
          **dict.fromkeys(("run.keep_checkpoints", "run.out_dir", "run.resume", "rollout.dynamic_sampling",
                           "model.path", "model.num_threads"), "")}
+RESULT_PARTS = ("goals", "heldout", "diff", "curve", "train")  # the results files: <name>_<part>.json and .md
 EVAL_SECTIONS = ("env", "retriever", "model", "sampling", "data", "rollout")  # what a held-out evaluation reads
 CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir",  # may differ when a run goes on
                "model.num_threads"}
@@ -576,6 +577,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.weights or len(set(args.weights)) != len(args.weights):
         ap.error(f"--weights {given}: give distinct numbers (e.g. --weights 0,0.2,1)")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
+    for part in RESULT_PARTS:  # checked now, not after hours of runs
+        try:
+            results_name(f"{args.name}_{part}")
+        except argparse.ArgumentTypeError as exc:
+            ap.error(f"--name {args.name}: {exc}")
     args.greedy = args.greedy or (args.quick and args.eval_samples is None)
     args.eval_samples = 1 if args.greedy else args.eval_samples or 2
     if args.quick:
@@ -615,7 +621,8 @@ def main() -> None:
         with locked(out):  # a second benchmark on this --out is refused, naming the process that holds it
             run(args, out)
     except OutputError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def run(args: argparse.Namespace, out: Path) -> None:

@@ -33,6 +33,12 @@ def learning():
     return _load("learning")
 
 
+@pytest.fixture(autouse=True)
+def as_the_script(monkeypatch):
+    """``sys.argv[0]`` the benchmark's, as when it runs: the results it wrote are its own to rewrite."""
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning.py")])
+
+
 @pytest.fixture(scope="module")
 def compare():
     return _load("learning_compare")
@@ -172,6 +178,17 @@ def test_a_negative_demonstration_count_is_refused(learning, capsys):
         learning.parse_args(["--demos", "-1"])
     assert exc.value.code == 2
     assert "--demos -1: give a number of demonstration episodes, or 0 for all" in capsys.readouterr().err
+
+
+def test_a_name_whose_results_another_script_wrote_is_refused_before_any_run(learning, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    (tmp_path / "pair_diff.json").write_text(json.dumps({"rows": [], "command": "python benchmarks/pair.py"}))
+    with pytest.raises(SystemExit) as exc:
+        learning.parse_args(["--name", "pair"])
+    assert exc.value.code == 2
+    assert "--name pair: 'pair_diff': " in capsys.readouterr().err
+    assert learning.parse_args(["--name", "mine"]).name == "mine"
 
 
 def test_greedy_and_samples_exclude_each_other(learning):
@@ -403,7 +420,7 @@ def test_a_second_benchmark_on_one_out_is_refused_naming_the_first(learning, tmp
     monkeypatch.setattr(sys, "argv", ["learning.py", "--out", str(out)])
     with lock_holder(out) as pid, pytest.raises(SystemExit) as exc:
         learning.main()
-    assert f"in use by process {pid}" in str(exc.value)
+    assert exc.value.code == 2 and f"in use by process {pid}" in capsys.readouterr().err
 
 
 def test_held_out_curves_go_to_tensorboard_per_run_and_pooled(learning, tmp_path):
