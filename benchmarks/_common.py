@@ -13,9 +13,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from ziprl.outputs import OutputError, locked, work_dir
 from ziprl.paths import atomic_write_text
 from ziprl.policy.cpu.isa import cpu_flags
 
@@ -111,6 +113,23 @@ def portable(path: str | Path | None) -> str | None:
         if p.is_relative_to(root):
             return str(Path(label) / p.relative_to(root))
     return p.name
+
+
+def in_work_dir(path: str | Path, body: Callable[[Path], None], what: str = "",
+                check: Callable[[Path], None] | None = None) -> int:
+    """``body(out)`` in the benchmark working directory ``path`` (new, empty or one a benchmark marked; held while
+    ``body`` runs, so a second benchmark there is refused naming the first); 2, with one ``error:`` line starting
+    with ``what``, when it cannot be used or ``check(out)`` (before anything is written there) refuses it."""
+    try:
+        out = work_dir(path, "bench")
+        if check is not None:
+            check(out)
+        with locked(out):
+            body(out)
+    except OutputError as exc:
+        print(f"error: {what}{exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def results_name(name: str) -> str:

@@ -59,12 +59,12 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, portable, results_name, write_results  # noqa: E402
+from _common import RESULTS, in_work_dir, portable, results_name, write_results  # noqa: E402
 from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
 from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
-from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
+from ziprl.outputs import locked  # noqa: E402
 from ziprl.paths import atomic_write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -616,13 +616,10 @@ def main() -> None:
                         tuple(job["overrides"]))
         evaluate(spec, Path(job["model"]), Path(job["cache"]), job["threads"])
         return
-    try:  # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
-        out = work_dir(args.out, "bench")
-        with locked(out):  # a second benchmark on this --out is refused, naming the process that holds it
-            run(args, out)
-    except OutputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
+    code = in_work_dir(args.out, lambda out: run(args, out))
+    if code:
+        raise SystemExit(code)
 
 
 def run(args: argparse.Namespace, out: Path) -> None:

@@ -29,11 +29,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, in_work_dir, write_results  # noqa: E402
 from learning import Job, bootstrap, checkpoint_model, read_metrics, run_parallel  # noqa: E402
 
 from ziprl.boundary import UserError, one_line  # noqa: E402
-from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLAIMED = ("adaptive", "react")  # the strategies the paper's claims compare
@@ -167,14 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:  # sweeps and logs go into learning.py's directory, held while they run
-        out = work_dir(args.out, "bench")
-        with locked(out):
-            compare(args, out)
-    except OutputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return in_work_dir(args.out, lambda out: compare(args, out))  # sweeps and logs go into learning.py's directory
 
 
 def compare(args: argparse.Namespace, out: Path) -> None:

@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, results_name, write_results  # noqa: E402
+from _common import RESULTS, in_work_dir, results_name, write_results  # noqa: E402
 
-from ziprl.outputs import OutputError, locked, work_dir  # noqa: E402
+from ziprl.outputs import OutputError  # noqa: E402
 from ziprl.paths import atomic_path, atomic_write_json  # noqa: E402
 
 DIM, K, CHUNK = 384, 10, 65536
@@ -328,15 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:  # data and indexes go into a directory this benchmark marked (a rerun reuses the data)
-        work = work_dir(args.work, "bench")
-        check_data(work, args.n, args.queries)
-        with locked(work):  # a second run on this --work is refused, naming the process that holds it
-            run(args, work)
-    except OutputError as exc:
-        print(f"error: --work: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    # data and indexes go into a directory this benchmark marked; a rerun reuses the data of the same --n and --queries
+    return in_work_dir(args.work, lambda work: run(args, work), "--work: ",
+                       check=lambda work: check_data(work, args.n, args.queries))
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
