@@ -15,7 +15,7 @@ from ziprl.outputs import MARKER, OutputError, checked_dir, read_marker, refuse_
 from ziprl.paths import atomic_dir, fsync
 
 
-def written_by(out: Path, script: str) -> bool:
+def marked_by(out: Path, script: str) -> bool:
     """Whether the marker in ``out`` names ``script`` as the command that wrote it."""
     marker = read_marker(out)
     return marker is not None and Path(str(marker.get("command", "")).split(" ")[0]).name == script
@@ -25,7 +25,7 @@ def checked_out(out_dir: str | Path, kind: str, script: str) -> Path:
     """``out_dir`` normalised, once ``script`` may write its output of ``kind`` there: new, empty, or an earlier
     output of ``script`` holding no link; OutputError, nothing written, otherwise."""
     out, used = checked_dir(out_dir, kind)
-    if used and not written_by(out, script):
+    if used and not marked_by(out, script):
         names = shown(sorted(p.name for p in out.iterdir()))
         raise OutputError(f"{out} is not empty ({names}) and is not an earlier output of {script} (no {MARKER} marker "
                           f"naming it); nothing was written: choose a new or empty directory")

@@ -22,7 +22,14 @@ import pyarrow as pa
 
 from ziprl.paths import cache_root
 from ziprl.retrieval.encoder import DEFAULT_ENCODER_ID, Encoder, default_model_dir
-from ziprl.retrieval.index_build import adopt_index, build_index, factory_string, set_search_params, to_gpu
+from ziprl.retrieval.index_build import (
+    REPLACE_HINT,
+    adopt_index,
+    build_index,
+    factory_string,
+    set_search_params,
+    to_gpu,
+)
 from ziprl.retrieval.index_files import (
     FORMAT_VERSION,
     INDEX_FILE,
@@ -58,7 +65,7 @@ def default_index_dir(corpus_path: str | Path, encoder: Encoder, index_type: str
 def rebuild_hint(index_dir: str | Path | None, corpus: str | Path) -> str:
     """How to replace the index a config's ``retriever.index_dir`` names (the cache's own is replaced by itself)."""
     if index_dir is None:
-        return "pass --overwrite to replace it, or choose another output directory"
+        return REPLACE_HINT
     return (f"set retriever.index_dir to another directory, or rebuild it there: python -m ziprl.index build "
             f"--corpus {corpus} --out {index_dir} --overwrite (with the run's --index and --shards)")
 
