@@ -31,7 +31,8 @@ after - Stage 1 and w - (w = 0) with 95% intervals of a bootstrap over seeds, qu
 markdown under benchmarks/results/, each headed by commit, command, config, machine and date. Finished runs and
 evaluations under ``--out`` are read, not redone; a run that stopped short (interrupted, or run with fewer
 ``--steps``) continues from its last checkpoint; a run trained with other settings is refused, naming them
-(settings that train alike, :func:`trains_alike`, are not other settings).
+(settings that train alike, :func:`trains_alike`, are not other settings; its input files are compared by the bytes
+recorded in ``<out>/inputs/``, so a moved ``--out`` still matches).
 
 Work runs in ``--workers`` processes of one torch thread each (the Stage-1 evaluation beside the RL runs, each
 run's checkpoints evaluated as soon as it finishes): on 2 cores two one-thread processes get more done than one two-thread process, since
@@ -175,13 +176,15 @@ def check_demos_disjoint(model: Path, held_out: Path) -> int:
 def rl_command(config: Path, overrides: list[str], run_dir: Path, threads: int = 1) -> list[str] | None:
     """The ``ziprl.train`` command of one RL run on ``threads`` torch threads, or None when it finished earlier under
     the same directory. A run that stopped short (interrupted, or run with fewer ``--steps``) continues from its last
-    checkpoint; one that left no checkpoint starts over."""
+    checkpoint; one that left no checkpoint starts over. The bytes of the run's input files are recorded the first
+    time (:func:`record_inputs`)."""
     overrides = [*overrides, f"model.num_threads={threads}"]
     cfg = load_config(config, overrides)
     changed = settings_changed(run_dir, cfg.to_dict())
     if changed:
         raise SystemExit(f"error: {run_dir} was trained with other settings ({', '.join(changed)}); pass another "
                          "--out, or delete that run to train it again")
+    record_inputs(run_dir, cfg.to_dict())
     if len(read_metrics(run_dir)) >= cfg.learner.steps:
         return None
     if not (run_dir / ".ziprl-run").is_file():
@@ -202,19 +205,52 @@ def settings_changed(run_dir: Path, config: dict) -> list[str]:
     if not path.is_file():
         return []
     ran, config = json.loads(path.read_text(encoding="utf-8")), json.loads(json.dumps(config))  # tuples as lists
+    record = inputs_record(run_dir)
+    digests = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
     return [f"{section}.{key}" for section, fields in config.items() for key, value in fields.items()
             if f"{section}.{key}" not in CONTINUABLE and key in ran.get(section, {})
-            and not trains_alike(f"{section}.{key}", ran[section][key], value, config)]
+            and not trains_alike(f"{section}.{key}", ran[section][key], value, config, digests)]
 
 
-def trains_alike(setting: str, ran: object, value: object, config: dict) -> bool:
-    """Whether a run started with ``setting`` = ``ran`` trains as one with ``value`` under ``config``: the values are
-    equal, or they name two files with the same bytes (another ``--out``'s question file), or they are dynamic
-    sampling by reward and by advantage at w = 0, which keep the same groups."""
+def trains_alike(setting: str, ran: object, value: object, config: dict, digests: dict[str, str] | None = None) -> bool:
+    """Whether a run started with ``setting`` = ``ran`` trains as one with ``value`` under ``config``: a setting whose
+    file's bytes the run recorded (``digests``, by setting) names a file with those bytes, wherever it is now (the
+    run's ``--out`` may have moved); else the values are equal, or they name two files with the same bytes (another
+    ``--out``'s question file), or they are dynamic sampling by reward and by advantage at w = 0, which keep the
+    same groups."""
+    if digests and setting in digests:
+        return isinstance(value, str) and is_file(value) and file_sha256(Path(value)) == digests[setting]
     if ran == value or (isinstance(ran, str) and isinstance(value, str) and same_file(Path(ran), Path(value))):
         return True
     return (setting == "rollout.dynamic_sampling_metric" and {ran, value} == {"reward", "advantage"}
             and config["learner"]["hrr_weight"] == 0)
+
+
+def inputs_record(run_dir: Path) -> Path:
+    """Where the sha256 of run ``run_dir``'s input files is kept: beside the run, in the benchmark's ``--out``."""
+    return run_dir.parent / "inputs" / f"{run_dir.name}.json"
+
+
+def record_inputs(run_dir: Path, config: dict) -> None:
+    """Record the sha256 of each file a setting of the run names: once for a started run (the settings its
+    ``config.json`` holds), afresh for one not started yet (``config``), so that :func:`settings_changed` compares those files by their bytes even
+    once their paths are gone."""
+    record, started = inputs_record(run_dir), run_dir / "config.json"
+    if record.is_file() and started.is_file():
+        return
+    ran = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else config
+    digests = {f"{section}.{key}": file_sha256(Path(value)) for section, fields in ran.items()
+               for key, value in fields.items() if isinstance(value, str) and is_file(value)}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(record, digests)
+
+
+def is_file(value: str) -> bool:
+    """Whether ``value`` names a file (a value that is no path this system can stat is none)."""
+    try:
+        return bool(value) and Path(value).is_file()
+    except OSError:
+        return False
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -525,6 +525,50 @@ def test_a_question_file_of_another_out_with_the_same_bytes_is_the_same_setting(
     assert learning.settings_changed(run, load_config(config, [f"data.dataset={b}"]).to_dict()) == ["data.dataset"]
 
 
+def test_a_moved_out_still_knows_its_runs_by_the_bytes_of_their_files(learning, tmp_path):
+    """The first check of a run records its input files' sha256 in ``--out``; once ``--out`` is moved (the paths the
+    run recorded gone) the same bytes are the same setting and others are not, and a file changed in place is
+    another setting."""
+    from ziprl.config import load_config
+    from ziprl.rundir import write_config
+
+    config, first = Path("configs/learn-cpu.yaml"), tmp_path / "first"
+    questions = first / "train.jsonl"
+    first.mkdir()
+    questions.write_text('{"id": "q1"}\n')
+    steps = ["learner.steps=2", "run.checkpoint_every=1"]
+    write_config(first / "run", load_config(config, [*steps, f"data.dataset={questions}"]).to_dict())
+    (first / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert learning.rl_command(config, [*steps, f"data.dataset={questions}"], first / "run") is None
+    recorded = json.loads(learning.inputs_record(first / "run").read_text())
+    assert recorded == {"data.dataset": learning.file_sha256(questions)}
+
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    same, other = moved / "train.jsonl", moved / "other.jsonl"
+    other.write_text('{"id": "q2"}\n')
+    assert learning.rl_command(config, [*steps, f"data.dataset={same}"], moved / "run") is None
+    assert learning.settings_changed(moved / "run", load_config(config, [f"data.dataset={other}"]).to_dict()) \
+        == ["data.dataset"]
+    with pytest.raises(SystemExit, match=r"other settings \(data.dataset\)"):
+        learning.rl_command(config, [*steps, f"data.dataset={other}"], moved / "run")
+    assert json.loads((moved / "run" / "config.json").read_text())["data"]["dataset"] == str(questions)
+    same.write_text('{"id": "q3"}\n')  # the same path, other questions
+    assert learning.settings_changed(moved / "run", load_config(config, [f"data.dataset={same}"]).to_dict()) \
+        == ["data.dataset"]
+
+
+def test_a_run_not_started_yet_records_its_inputs_afresh(learning, tmp_path):
+    config, run = Path("configs/learn-cpu.yaml"), tmp_path / "run"
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"id": "q1"}\n')
+    b.write_text('{"id": "q2"}\n')
+    assert learning.rl_command(config, [f"data.dataset={a}"], run) is not None
+    assert json.loads(learning.inputs_record(run).read_text())["data.dataset"] == learning.file_sha256(a)
+    learning.rl_command(config, [f"data.dataset={b}"], run)  # it never started: the new file is its input
+    assert json.loads(learning.inputs_record(run).read_text())["data.dataset"] == learning.file_sha256(b)
+
+
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_path, monkeypatch, quick):
     """main() with every expensive part faked: RL runs write their metrics, checkpoints are tiny model directories,
