@@ -232,21 +232,23 @@ def inputs_record(run_dir: Path) -> Path:
 
 
 def record_inputs(run_dir: Path, config: dict) -> None:
-    """Record the sha256 of each file a setting of the run names: once for a started run (the settings its
-    ``config.json`` holds), afresh for one not started yet (``config``), so that :func:`settings_changed` compares those files by their bytes even
-    once their paths are gone."""
+    """Record the sha256 of each file a setting of the run names by an absolute path (a relative one, or a word such
+    as a strategy's name, depends on the working directory): at the first check of a started run (the settings its
+    ``config.json`` holds), afresh while it is not started (``config``). :func:`settings_changed` then compares those
+    files by their bytes, even once their paths are gone."""
     record, started = inputs_record(run_dir), run_dir / "config.json"
     if record.is_file() and started.is_file():
         return
     ran = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else config
     digests = {f"{section}.{key}": file_sha256(Path(value)) for section, fields in ran.items()
-               for key, value in fields.items() if isinstance(value, str) and is_file(value)}
+               for key, value in fields.items()
+               if isinstance(value, str) and Path(value).is_absolute() and is_file(value)}
     record.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(record, digests)
 
 
 def is_file(value: str) -> bool:
-    """Whether ``value`` names a file (a value that is no path this system can stat is none)."""
+    """Whether ``value`` names a file (a value that is no path this system can stat, too long say, is none)."""
     try:
         return bool(value) and Path(value).is_file()
     except OSError:
@@ -255,10 +257,8 @@ def is_file(value: str) -> bool:
 
 def same_file(a: Path, b: Path) -> bool:
     """Whether ``a`` and ``b`` are both files with the same bytes."""
-    try:
-        return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and file_sha256(a) == file_sha256(b)
-    except OSError:  # a value that is no path this system can stat (too long, say)
-        return False
+    return (is_file(str(a)) and is_file(str(b)) and a.stat().st_size == b.stat().st_size
+            and file_sha256(a) == file_sha256(b))
 
 
 @dataclass(frozen=True)

@@ -558,13 +558,16 @@ def test_a_moved_out_still_knows_its_runs_by_the_bytes_of_their_files(learning, 
         == ["data.dataset"]
 
 
-def test_a_run_not_started_yet_records_its_inputs_afresh(learning, tmp_path):
-    config, run = Path("configs/learn-cpu.yaml"), tmp_path / "run"
+def test_a_run_not_started_yet_records_its_inputs_afresh(learning, tmp_path, monkeypatch):
+    """Only absolute paths count as files: a word such as the strategy's name is none, even beside a file so named."""
+    config, run = Path("configs/learn-cpu.yaml").resolve(), tmp_path / "run"
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text('{"id": "q1"}\n')
     b.write_text('{"id": "q2"}\n')
-    assert learning.rl_command(config, [f"data.dataset={a}"], run) is not None
-    assert json.loads(learning.inputs_record(run).read_text())["data.dataset"] == learning.file_sha256(a)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adaptive").write_text("")  # env.strategy's value
+    assert learning.rl_command(config, [f"data.dataset={a}", "env.strategy=adaptive"], run) is not None
+    assert json.loads(learning.inputs_record(run).read_text()) == {"data.dataset": learning.file_sha256(a)}
     learning.rl_command(config, [f"data.dataset={b}"], run)  # it never started: the new file is its input
     assert json.loads(learning.inputs_record(run).read_text())["data.dataset"] == learning.file_sha256(b)
 
