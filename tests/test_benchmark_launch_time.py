@@ -84,5 +84,8 @@ else:
         peak = launch_time.peak_memory(proc, every=0.2)
         assert proc.wait() == 0
     assert 0.55 < peak["peak_pss_gb"] < 0.72, peak  # ~600 MB and two interpreters; RSS would give ~900
+    # both processes at the peak, adding up to it; how the shared pages split between them is not asserted: the
+    # processes are read one after the other, so under load the peak can catch the child half-way through mapping
+    # the file while the parent, read before, still holds all of it (0.49 + 0.12 GB on a loaded CI run)
     sizes = [float(x.split()[1]) for x in peak["largest_at_peak"].split(", ")]
-    assert len(sizes) == 2 and 0.33 < sizes[0] < 0.42 and 0.23 < sizes[1] < 0.32, peak  # 200 + 150, 100 + 150
+    assert len(sizes) == 2 and abs(sum(sizes) - peak["peak_pss_gb"]) <= 0.02 and sizes[1] > 0.1, peak
