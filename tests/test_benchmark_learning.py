@@ -559,7 +559,8 @@ def test_a_moved_out_still_knows_its_runs_by_the_bytes_of_their_files(learning, 
 
 
 def test_a_run_not_started_yet_records_its_inputs_afresh(learning, tmp_path, monkeypatch):
-    """Only absolute paths count as files: a word such as the strategy's name is none, even beside a file so named."""
+    """A run not started yet records its inputs again at each check; only absolute paths count as files (a word
+    such as the strategy's name is none, even beside a file so named)."""
     config, run = Path("configs/learn-cpu.yaml").resolve(), tmp_path / "run"
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text('{"id": "q1"}\n')
