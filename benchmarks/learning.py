@@ -66,7 +66,7 @@ from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa:
 from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 from ziprl.outputs import locked  # noqa: E402
-from ziprl.paths import atomic_write_json  # noqa: E402
+from ziprl.paths import atomic_write_json, file_sha256, not_a_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluation (task ``real``)
@@ -98,10 +98,6 @@ CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_d
 
 def log(msg: str) -> None:
     print(f"[learning {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def stage1(config: Path | None, overrides: list[str]) -> Path:
@@ -219,7 +215,7 @@ def trains_alike(setting: str, ran: object, value: object, config: dict, digests
     ``--out``'s question file), or they are dynamic sampling by reward and by advantage at w = 0, which keep the
     same groups."""
     if digests and setting in digests:
-        return isinstance(value, str) and is_file(value) and file_sha256(Path(value)) == digests[setting]
+        return isinstance(value, str) and is_file(value) and file_sha256(value) == digests[setting]
     if ran == value or (isinstance(ran, str) and isinstance(value, str) and same_file(Path(ran), Path(value))):
         return True
     return (setting == "rollout.dynamic_sampling_metric" and {ran, value} == {"reward", "advantage"}
@@ -240,7 +236,7 @@ def record_inputs(run_dir: Path, config: dict) -> None:
     if record.is_file() and started.is_file():
         return
     ran = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else config
-    digests = {f"{section}.{key}": file_sha256(Path(value)) for section, fields in ran.items()
+    digests = {f"{section}.{key}": file_sha256(value) for section, fields in ran.items()
                for key, value in fields.items()
                if isinstance(value, str) and Path(value).is_absolute() and is_file(value)}
     record.parent.mkdir(parents=True, exist_ok=True)
@@ -248,11 +244,8 @@ def record_inputs(run_dir: Path, config: dict) -> None:
 
 
 def is_file(value: str) -> bool:
-    """Whether ``value`` names a file (a value that is no path this system can stat, too long say, is none)."""
-    try:
-        return bool(value) and Path(value).is_file()
-    except OSError:
-        return False
+    """Whether ``value`` names a regular file (a value that is no path this system can stat is none)."""
+    return bool(value) and not_a_file(value) is None
 
 
 def same_file(a: Path, b: Path) -> bool:

