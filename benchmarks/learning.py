@@ -17,7 +17,7 @@ the model and checked whenever the cache is reused. RL: ``ziprl.train`` from the
 w = 0 (plain GRPO) and w = 0.2 (HRR), the same number of steps (equal update counts) on the same question order
 and sampling seeds (paired); ``--weights`` adds arms (e.g. ``0,0.2,1``: how Q_com follows HRR's share), each
 compared with w = 0. ``--quick`` (the main effect, sized for 40 minutes on 2 cores): Stage 1 from 100 demonstration
-episodes, seed 0 and w = 0.2 only, 5 steps, one greedy sample per held-out question, evaluated at its last step;
+episodes, seed 0 and w = 0.2 only, 3 steps, one greedy sample per held-out question, evaluated at its last step;
 each default can still be given (``--demos``, ``--steps``, ``--eval-samples``), and its runs go to their own ``--out``.
 ``--set`` changes the config for Stage 1, the runs and the evaluations alike (e.g. ``learner.hrr_reference=causal``:
 HRR against the mean of the turns so far), except the settings the benchmark gives each run, which are refused.
@@ -73,7 +73,7 @@ HELD_OUT = range(200, 300)  # HotpotQA dev-distractor questions kept for evaluat
 TASKS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
 RECIPE = 0.2  # HRR's w in the default recipe, the arm issue 47's goals judge
 WEIGHTS, QUICK_WEIGHTS = (0.0, RECIPE), (RECIPE,)  # w = 0 (GRPO) beside it
-QUICK_DEMOS, QUICK_STEPS = 100, 5  # --quick: Stage 1 from this many demonstration episodes, RL steps
+QUICK_DEMOS, QUICK_STEPS = 100, 3  # --quick: Stage 1 from this many demonstration episodes, RL steps
 EVAL_METRICS = ("f1", "em", "format_error_rate", "turns", "searches", "tokens_per_trajectory", "q_com")
 SAMPLE_METRICS = ("f1", "em", "q_com", "format_error_rate")  # kept per sample in the results (per_sample)
 TRAIN_METRICS = {"reward": "rollout/reward", "em (pass rate)": "rollout/em", "q_com": "rollout/q_com",
@@ -568,13 +568,13 @@ def log_curves_tb(evals: dict[str, dict], meta: dict, out: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(TASKS), default="invented", help="the questions (see above)")
-    ap.add_argument("--quick", action="store_true", help="Stage 1 from 100 demonstrations, seed 0, w = 0.2 only, 5 "
+    ap.add_argument("--quick", action="store_true", help="Stage 1 from 100 demonstrations, seed 0, w = 0.2 only, 3 "
                     "steps, one greedy sample per held-out question, evaluated at its last step")
     ap.add_argument("--config", help="default: the task's (configs/learn-invented.yaml, configs/learn-cpu.yaml)")
     ap.add_argument("--seeds", help="default: 0,1,2 (0 with --quick)")
     ap.add_argument("--weights", help="the arms' HRR weights w, one run per seed each; issue 47's goals are judged "
                     "on w = 0.2, the default recipe, when it is among them (default: 0,0.2; 0.2 with --quick)")
-    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps; 5 with --quick)")
+    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps; 3 with --quick)")
     ap.add_argument("--demos", type=int, help="demonstration episodes Stage 1 learns from, 0 for all (default: the "
                     "config's demos.limit; 100 with --quick)")
     ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps; "

@@ -166,7 +166,7 @@ def test_defaults_evaluate_100_questions_twice_each_over_three_seeds(learning):
     quick = learning.parse_args(["--quick", "--task", "real"])
     assert (quick.seeds, quick.weights, quick.eval_samples, quick.greedy, quick.name) == (
         [0], (0.2,), 1, True, "learning_real_quick")
-    assert (quick.steps, quick.demos) == (learning.QUICK_STEPS, learning.QUICK_DEMOS) == (5, 100)
+    assert (quick.steps, quick.demos) == (learning.QUICK_STEPS, learning.QUICK_DEMOS) == (3, 100)
     assert quick.config.name == "learn-cpu.yaml"
     assert quick.out.name == "learning-real-quick"  # not the full run's: its Stage 1 differs
     given = learning.parse_args(["--quick", "--eval-samples", "2", "--steps", "10", "--demos", "0"])
