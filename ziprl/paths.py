@@ -7,7 +7,8 @@
 - :func:`atomic_path` and its text / bytes / JSON variants: write beside the destination, fsync, rename onto it;
   the destination holds the old content or the new one, never a mix, and a failed write leaves no temp file.
 - :func:`atomic_dir` and :func:`replace_dir`: the same for whole directories (checkpoints, models, indexes).
-- :func:`file_sha256`: a file's sha256, read in chunks and memoised while its size and mtime stay the same.
+- :func:`file_sha256`: a file's sha256, read in chunks and memoised while its size and mtime stay the same;
+  :func:`hash_file_into` feeds a file's bytes, in the same chunks, to a hash that covers more than one file.
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def file_sha256(path: str | Path) -> str:
 
 @lru_cache(maxsize=64)
 def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
+    return hash_file_into(hashlib.sha256(), path).hexdigest()
+
+
+def hash_file_into(h: Any, path: str | Path) -> Any:
+    """``h`` (a hashlib object) updated with the bytes of the file at ``path``, read in 1 MiB chunks; returns ``h``."""
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
-    return h.hexdigest()
+    return h

@@ -30,7 +30,7 @@ from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
 from ziprl.env.demos import is_partial_file
 from ziprl.outputs import entries, own_dir
-from ziprl.paths import cache_root, not_a_file
+from ziprl.paths import cache_root, file_sha256, hash_file_into, not_a_file
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer
@@ -301,16 +301,8 @@ def demo_data_sha256(cfg: ZipRLConfig) -> str:
     first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
     corpus = retriever_config_for(first).corpus
     if corpus:
-        h.update(_file_sha256(Path(corpus), hashlib.sha256()).digest())
+        h.update(bytes.fromhex(file_sha256(corpus)))
     return h.hexdigest()
-
-
-def _file_sha256(path: Path, h: Any) -> Any:
-    """``h`` updated with the bytes of ``path``, read in 1 MiB chunks."""
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h
 
 
 def weights_sha256(model_dir: str | Path) -> str:
@@ -322,7 +314,7 @@ def weights_sha256(model_dir: str | Path) -> str:
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode())
-        _file_sha256(f, h)
+        hash_file_into(h, f)
     return h.hexdigest()
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from ziprl.boundary import UserError
 from ziprl.config import DataConfig, RetrieverConfig, ZipRLConfig
-from ziprl.paths import atomic_write_text, cache_root, not_a_file
+from ziprl.paths import atomic_write_text, cache_root, file_sha256, not_a_file
 from ziprl.registry import DATASETS
 from ziprl.retrieval.corpus import LONE_SURROGATE, json_array_hint, write_corpus
 from ziprl.retrieval.types import Passage, QAExample
@@ -192,7 +192,7 @@ def _files_hash(paths: Iterable[Path], salt: str) -> str:
     h = hashlib.sha256(salt.encode())
     for p in paths:
         h.update(p.name.encode())
-        h.update(hashlib.sha256(p.read_bytes()).digest())
+        h.update(bytes.fromhex(file_sha256(p)))
     return h.hexdigest()[:16]
 
 
