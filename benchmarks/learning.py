@@ -267,7 +267,8 @@ class Job:
 def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
     """Run the jobs, ``workers`` at a time, each as soon as those it comes after are done (in list order among the
     ready ones); raise if any fails (jobs after a failed one do not run). A job gets one torch thread, or ``workers``
-    when it starts alone with no other ready: then none can start beside it before it ends."""
+    when it starts alone with no other ready: then none can start beside it before it ends. A ready job with nothing
+    left to do (its command is None) is done at once and does not count as one that could run beside another."""
     import subprocess
 
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -278,12 +279,14 @@ def run_parallel(jobs: list[Job], workers: int, logs: Path) -> None:
             pending.remove(job)
             failed.append(job.name)
         while len(running) < workers and (ready := [j for j in pending if set(j.after) <= done]):
+            if idle := [j for j in ready if j.command(1) is None]:  # finished earlier
+                for job in idle:
+                    pending.remove(job)
+                    done.add(job.name)
+                continue
             job, threads = ready[0], workers if not running and len(ready) == 1 else 1
             pending.remove(job)
             cmd = job.command(threads)
-            if cmd is None:
-                done.add(job.name)
-                continue
             log(f"start {job.name} on {threads} thread(s) (log: {logs / job.name}.log)")
             with open(logs / f"{job.name}.log", "w") as out:
                 running.append((job.name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env

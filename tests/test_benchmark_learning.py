@@ -450,6 +450,11 @@ def test_jobs_start_once_those_they_come_after_finish_and_not_after_a_failure(le
     learning.run_parallel(jobs, 2, tmp_path / "logs")
     assert order.read_text().split() == ["run:1:1", "eval_run:1:1", "stage1:1:1"]  # eval_run did not wait for stage1
     order.unlink()
+    # jobs with nothing left to do (a cached evaluation, a finished run) do not keep the one that has work from both
+    learning.run_parallel([learning.Job("finished", lambda threads: None), learning.Job("run", step("run", 0.0)),
+                           learning.Job("cached", lambda threads: None)], 2, tmp_path / "logs")
+    assert order.read_text().split() == ["run:2:2"]
+    order.unlink()
     with pytest.raises(SystemExit, match="failed: broken, after_broken"):
         learning.run_parallel([learning.Job("broken", step("broken", 0.0, 1)),
                                learning.Job("after_broken", step("after_broken", 0.0), after=("broken",))],
