@@ -70,8 +70,11 @@ def _fake_init(monkeypatch, errors: list[Exception]) -> list:
     return calls
 
 
-def test_a_raylet_that_did_not_come_up_gets_one_more_start(monkeypatch):
-    calls = _fake_init(monkeypatch, [Exception("The current node timed out during startup. This could happen ...")])
+@pytest.mark.parametrize("error", ["The current node timed out during startup. This could happen ...",
+                                   "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_ab12"])
+def test_a_node_that_did_not_come_up_gets_one_more_start(monkeypatch, error):
+    """Its raylet never registered, or its GCS server never wrote its port file."""
+    calls = _fake_init(monkeypatch, [Exception(error)])
     ray_utils.start_local_ray(num_cpus=2)
     assert calls == [{"num_cpus": 2}, "shutdown", {"num_cpus": 2}]
 
