@@ -120,13 +120,14 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
 
 def test_a_rollout_job_on_its_own_stream_beside_the_learners_work_generates_what_it_generates_alone(model_dir):
     """rollout.overlap=thread on CUDA: an HFEngine captures and replays its static-decode graphs on the job's stream,
-    on a thread, while the main thread keeps the default stream busy and synchronises the device (as a learner step's
-    clock does): the same greedy tokens and log-probs as an engine alone; after a weight push on the default stream the
-    next job generates the new weights' tokens."""
+    on a thread, while the main thread keeps the default stream busy, synchronises the device and draws from the
+    default generator (as a learner step may), holding CAPTURE_LOCK as the in-process learner's step does: the same
+    greedy tokens and log-probs as an engine alone; after a weight push on the default stream the next job generates
+    the new weights' tokens."""
     from ziprl.config import SamplingConfig
     from ziprl.learner.sft import chat_prompt_ids
     from ziprl.policy import HFEngine, load_model
-    from ziprl.policy.side_stream import side_stream
+    from ziprl.policy.side_stream import CAPTURE_LOCK, side_stream
 
     alone, beside = HFEngine(model_dir, device="cuda"), HFEngine(model_dir, device="cuda")
     base = chat_prompt_ids(alone.tokenizer, [{"role": "user", "content": "who wrote the book"}])
@@ -143,8 +144,9 @@ def test_a_rollout_job_on_its_own_stream_beside_the_learners_work_generates_what
         thread, a = threading.Thread(target=job), torch.randn(1024, 1024, device="cuda")
         thread.start()
         while thread.is_alive():
-            a = torch.tanh(a @ a)
-            torch.cuda.synchronize()
+            with CAPTURE_LOCK:
+                a = torch.tanh(a @ a + torch.randn_like(a))
+                torch.cuda.synchronize()
         thread.join()
         return got
 

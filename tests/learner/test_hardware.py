@@ -96,11 +96,22 @@ def test_the_learners_gemm_peak_follows_the_cpu_thread_count(monkeypatch):
 
 
 def test_the_device_clock_waits_for_queued_cuda_work(monkeypatch):
-    """CUDA runs kernels asynchronously: the clock synchronises the learner's device before it reads the time (on
-    an H100 the unsynchronised split billed Qwen3-0.6B's forward to its backward: 0.86 s vs 3.57 s)."""
+    """CUDA runs kernels asynchronously: the clock waits for the learner's stream before it reads the time (on an
+    H100 the unsynchronised split billed Qwen3-0.6B's forward to its backward: 0.86 s vs 3.57 s), and for that
+    stream only: a device-wide synchronize would bill the step for a rollout's kernels beside it and fails a CUDA
+    graph capture in flight on the rollout's thread (rollout.overlap=thread; seen on an H200)."""
     assert device_clock(torch.device("cpu")) is time.perf_counter
     waited = []
-    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            waited.append(self.device)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waited.append("the whole device"))
     clock, gpu = device_clock(torch.device("cuda", 1)), torch.device("cuda", 1)
     before = time.perf_counter()
     assert before <= clock() <= time.perf_counter()

@@ -196,3 +196,29 @@ def test_a_failing_learner_step_a_resumed_learner_and_a_closed_source_leave_no_t
 ])
 def test_auto_overlaps_on_cuda_with_staleness_and_a_setting_wins(setting, device, staleness, threaded):
     assert overlaps(setting, device, staleness) is threaded
+
+
+def test_the_in_process_learners_step_and_checkpoint_hold_the_capture_lock(tmp_path, monkeypatch):
+    """A CUDA graph capture on the rollout's thread fails when the learner synchronises the device or draws from the
+    default generator meanwhile (seen on an H200 with rollout.overlap=thread): the capture takes CAPTURE_LOCK, and so
+    do the in-process learner's step and checkpoint, so neither runs inside a capture."""
+    import ziprl.learner.checkpoint as checkpoint
+    from ziprl.loop.training import LocalLearner
+    from ziprl.policy.side_stream import CAPTURE_LOCK
+
+    held = []
+
+    class Trainer:
+        policy_version = 0
+
+        def train_step(self, groups):
+            held.append(("step", CAPTURE_LOCK.locked()))
+            return {"loss": 0.0}
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint",
+                        lambda trainer, out, position: held.append(("save", CAPTURE_LOCK.locked())) or out)
+    learner = LocalLearner(Trainer())
+    learner.train_step([])
+    learner.save_checkpoint(tmp_path, {}, background=True)
+    assert held == [("step", True), ("save", True)]
+    assert not CAPTURE_LOCK.locked()

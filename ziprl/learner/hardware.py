@@ -46,13 +46,14 @@ def bf16_pays(device: str) -> bool:
 
 
 def device_clock(device: torch.device) -> Callable[[], float]:
-    """A clock for the work queued on ``device``: on CUDA it first waits for the queued kernels (they run
-    asynchronously, so a plain clock bills a forward to whatever waits next: the loss's ``.item()``, the backward)."""
+    """A clock for the work queued on ``device``: on CUDA it first waits for the kernels queued on the current stream
+    (they run asynchronously, so a plain clock bills a forward to whatever waits next: the loss's ``.item()``, the
+    backward); not for other streams' (a rollout's beside the step, ``rollout.overlap=thread``)."""
     if device.type != "cuda":
         return time.perf_counter
 
     def clock() -> float:
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
         return time.perf_counter()
 
     return clock

@@ -331,14 +331,15 @@ class Trainer:
 
     def named_weights(self, device: str = "cpu", dtype: str = "float32") -> dict[str, torch.Tensor]:
         """HF parameter name -> a copy of the policy weights on ``device`` in ``dtype`` (tied weights appear once),
-        complete when it returns (a GPU's copies are waited for, so a push is timed as what it costs)."""
+        complete when it returns (a GPU's copies are waited for on this stream, so a push is timed as what it costs, and
+        a decode graph captured on the rollout's thread meanwhile is not broken by a device-wide wait)."""
         with self.gathered():
             out = {
                 name: p.detach().to(device, torch_dtype(dtype), copy=True)
                 for name, p in self.engine.module.named_parameters()
             }
         if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
+            torch.cuda.current_stream(device).synchronize()
         return out
 
     def named_weights_numpy(self) -> dict[str, np.ndarray]:

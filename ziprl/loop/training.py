@@ -39,6 +39,7 @@ from ziprl.loop.scheduler import RolloutScheduler
 from ziprl.loop.source import RolloutSource, peak_rss_mb
 from ziprl.loop.stop import Stop, StoppableSource, StopSignals
 from ziprl.loop.stream import QuestionStream
+from ziprl.policy.side_stream import CAPTURE_LOCK
 from ziprl.weights import WeightSender
 
 
@@ -74,14 +75,17 @@ class LocalLearner:
 
     def train_step(self, groups: list[Group], rollouts_idle: Callable[[], bool] | None = None) -> dict[str, float]:
         # generation runs in this process too (in the loop's wait, or on the source's thread beside the step with
-        # rollout.overlap): its threads are already the process's, none to take
-        return {**self.trainer.train_step(groups), "rss_peak_mb": peak_rss_mb()}
+        # rollout.overlap): its threads are already the process's, none to take; a graph capture there waits for
+        # the step (CAPTURE_LOCK)
+        with CAPTURE_LOCK:
+            return {**self.trainer.train_step(groups), "rss_peak_mb": peak_rss_mb()}
 
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
         from ziprl.learner.checkpoint import save_checkpoint
 
         # in this process a write thread would take the cores generation and the step use: written at once
-        return str(save_checkpoint(self.trainer, out_dir, position))
+        with CAPTURE_LOCK:
+            return str(save_checkpoint(self.trainer, out_dir, position))
 
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
         from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint

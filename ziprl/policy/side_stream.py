@@ -4,8 +4,15 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+
+# Held while a CUDA graph is captured (the static decode's), and by the work of other threads that could break a
+# capture in flight: a device-wide synchronize fails it ("operation not permitted when stream is capturing"), and a
+# draw from the default CUDA generator meanwhile leaves that generator unusable ("Offset increment outside graph
+# capture"). The in-process learner's step and checkpoint hold it (ziprl.loop.training.LocalLearner).
+CAPTURE_LOCK = threading.Lock()
 
 
 def side_stream(device: str) -> Callable[[], AbstractContextManager[None]]:

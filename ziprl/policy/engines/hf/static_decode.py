@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ziprl.config import ConfigError, SamplingConfig
 from ziprl.policy.decoding import DecodeRows, draw
+from ziprl.policy.side_stream import CAPTURE_LOCK
 
 SYNC_EVERY = 16  # decode steps between the host's reads of the drawn tokens
 POSITION_CHUNK = 256  # the attention reads the cache up to a multiple of this (one graph per multiple)
@@ -231,7 +232,7 @@ class StaticDecode:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(slots, span, mode)  # recorded, not run
         self.graphs[key] = graph
         self.captures += 1
