@@ -135,7 +135,7 @@ if [ -n "$SHA" ]; then
   mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"
   tar -xf "$STORE/payload.tar" -C "$STORE" || die "cannot unpack $STORE/payload.tar"
   "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "$STORE"/wheels/*.whl || die "wheel install failed"
-  export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_SHARED_DATA="$STORE/data"
+  export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_DATA="$STORE/data"
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
   echo "gpu_learn: no CUDA GPU visible to PyTorch ($PY): nothing to do"
