@@ -13,7 +13,8 @@ Run: ``.venv/bin/python benchmarks/engine_throughput.py [--batch 8] [--new-token
 times HFEngine's static-cache decode (``model.static_decode``: CUDA graphs on CUDA) against its plain loop, bf16 on
 CUDA (float32 on a CPU), ``--rows`` rows of ``--prompt-tokens`` tokens (each up to a quarter shorter) sampled at
 T = 0.8 for ``--new-tokens``, alternating; beside them the memory-bound ceiling: rows x the measured copy bandwidth /
-the weight bytes a step reads (and with each row's KV cache read too), and the share of greedy rows whose tokens the
+the weight bytes a step reads (and with each row's KV cache read too), the static side's prefill seconds and its
+tokens/s over the rest of the call (the decode the ceilings bound), and the share of greedy rows whose tokens the
 two loops agree on. ``--arch tiny --device cpu`` is the smoke run. Results: benchmarks/results/<--name>.{json,md}.
 """
 
@@ -148,10 +149,13 @@ def shape_prompts(vocab: int, rows: int, prompt_tokens: int, rng: random.Random)
     return [[rng.randrange(1000, vocab) for _ in range(n)] for n in lengths]
 
 
-def tokens_per_second(engine: HFEngine, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> float:
-    before, start = engine.tokens_generated, time.perf_counter()
+def tokens_per_second(engine: HFEngine, prompts: list[list[int]], sampling: SamplingConfig, seed: int
+                      ) -> tuple[float, float, float]:
+    """One ``generate``: tokens/s over its wall time, the seconds its prefill took, tokens/s over the rest (decode)."""
+    before, prefill, start = engine.tokens_generated, engine.prefill_seconds, time.perf_counter()
     engine.generate(prompts, sampling, seed=seed)
-    return (engine.tokens_generated - before) / (time.perf_counter() - start)
+    wall, tokens, prefill = time.perf_counter() - start, engine.tokens_generated - before, engine.prefill_seconds - prefill
+    return tokens / wall, prefill, tokens / (wall - prefill)
 
 
 def measure_shape(arch: str, rows: int, prompt_tokens: int, new_tokens: int, repeats: int, device: str,
@@ -167,7 +171,7 @@ def measure_shape(arch: str, rows: int, prompt_tokens: int, new_tokens: int, rep
     model = engines["static"].model
     prompts = shape_prompts(model.config.vocab_size, rows, prompt_tokens, random.Random(0))
     sampling = SamplingConfig(temperature=0.8, max_new_tokens=new_tokens, stop=[])
-    rates: dict[str, list[float]] = {name: [] for name in engines}
+    rates: dict[str, list[tuple[float, float, float]]] = {name: [] for name in engines}
     for r in range(repeats + 1):
         for name, engine in engines.items():
             rate = tokens_per_second(engine, prompts, sampling, seed=r)
@@ -181,9 +185,11 @@ def measure_shape(arch: str, rows: int, prompt_tokens: int, new_tokens: int, rep
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = copy_bandwidth(device, 512 if device == "cuda" else 64)
     context = statistics.mean(map(len, prompts)) + new_tokens / 2
-    static, plain = statistics.median(rates["static"]), statistics.median(rates["plain"])
+    (static, prefill, decode), (plain, _, _) = ([statistics.median(col) for col in zip(*rates[name], strict=True)]
+                                               for name in ("static", "plain"))
     row = {"arch": arch, "device": device, "dtype": dtype, "rows": rows, "prompt_tokens": prompt_tokens,
            "new_tokens": new_tokens, "static_tok_s": static, "plain_tok_s": plain, "speedup": static / plain,
+           "static_prefill_s": prefill, "static_decode_tok_s": decode,
            "captures": engines["static"].static_decode.captures, "same_tokens": sum(same) / len(same),
            "weight_bytes": weight_bytes, "bandwidth_gb_s": bandwidth / 1e9,
            "ceiling_tok_s": rows * bandwidth / weight_bytes,

@@ -3,11 +3,13 @@
 trains on this one (``thread``), the run otherwise the same.
 
     python benchmarks/gpu_async.py [--modes off,thread] [--steps 6] [--questions 8] [--group 8] [--turns 6]
-                                   [--new-tokens 128] [--set KEY=VALUE ...] [--name gpu_async]
+                                   [--new-tokens 128] [--arch NAME] [--set KEY=VALUE ...] [--name gpu_async]
     python benchmarks/gpu_async.py --cpu-smoke   (a tiny random model on the CPU, 2 steps a mode: checks the script)
 
 Each mode runs :func:`ziprl.loop.in_process.train` (what ``python -m ziprl.train`` runs) into a fresh directory:
-the sample questions and index, the embedded SmolLM2-135M (``--set run.sft_checkpoint=DIR`` for a Stage-1 model),
+the sample questions and index, the embedded SmolLM2-135M (``--set run.sft_checkpoint=DIR`` for a Stage-1 model;
+``--arch`` for random-initialised weights of one of benchmarks/gpu_step.py's shapes, e.g. qwen3-1.7b: the learner's MFU
+in a real ``ziprl.train`` at that size),
 the learner's settings chosen for the hardware, ``ray.max_staleness=1``, one checkpoint (the last step's). From its
 metrics.jsonl, per mode, the mean over the steps after the first (it warms up kernels and captures the decode graphs)
 and before the last (nothing generates beside the last step): step seconds, generation tokens/s, learner seconds and
@@ -37,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import results_name, write_results  # noqa: E402
+from gpu_step import ARCHS, build_model  # noqa: E402
 
 MODES = ("off", "thread")
 METRICS = {  # row column: metrics.jsonl key
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--arch", help="random-initialised weights of this shape (benchmarks/gpu_step.py's ARCHS) with the "
+                                   "embedded model's tokenizer, instead of the embedded model")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, after the flags")
     ap.add_argument("--name", type=results_name, help="results name (default gpu_async, with --cpu-smoke gpu_async_cpu_smoke)")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -101,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     if [m for m in modes if m not in MODES] or not modes:
         print(f"gpu_async: --modes {args.modes!r}: choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if args.arch is not None and args.arch not in ARCHS:
+        print(f"gpu_async: --arch {args.arch!r}: choose from {', '.join(ARCHS)}", file=sys.stderr)
         return 2
     if args.cpu_smoke:
         args.steps, args.questions, args.group, args.turns, args.new_tokens = 2, 2, 2, 2, 8
@@ -120,15 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_async: no CUDA GPU visible to PyTorch: nothing to measure (--cpu-smoke checks the script on a CPU)")
         return 0
     meta = {"modes": modes, "overrides": overrides(args, "<mode>", Path("<tmp>")), "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(0) if not args.cpu_smoke else "cpu"}
+            "device": torch.cuda.get_device_name(0) if not args.cpu_smoke else "cpu",
+            "model": f"{args.arch}, random init" if args.arch else "tiny, random init" if args.cpu_smoke else "embedded"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_async-") as tmp:
-        if args.cpu_smoke:
+        if args.arch is not None or args.cpu_smoke:
+            from transformers import AutoTokenizer
+
             from ziprl.config import ModelConfig
             from ziprl.policy.models import build_tiny_llama, resolve_model_path
 
-            tiny = build_tiny_llama(resolve_model_path(ModelConfig()), Path(tmp) / "tiny")
-            args.set = [f"run.sft_checkpoint={tiny}", *args.set]
+            embedded = resolve_model_path(ModelConfig())
+            model = (build_model(args.arch, AutoTokenizer.from_pretrained(embedded), Path(tmp) / args.arch,
+                                 device="cpu" if args.cpu_smoke else "cuda") if args.arch
+                     else build_tiny_llama(embedded, Path(tmp) / "tiny"))
+            args.set = [f"run.sft_checkpoint={model}", *args.set]
         for mode in modes:
             print(f"gpu_async: {mode}", flush=True)
             rows.append(run_mode(args, mode, Path(tmp)))

@@ -23,6 +23,11 @@ def test_an_unknown_mode_exits_2_naming_the_choices(capsys):
     assert "choose from off, thread" in capsys.readouterr().err
 
 
+def test_an_unknown_architecture_exits_2_naming_the_choices(capsys):
+    assert gpu_async.main(["--arch", "qwen9-1t"]) == 2
+    assert "qwen3-1.7b" in capsys.readouterr().err
+
+
 def test_thread_without_staleness_exits_2_naming_both_keys(capsys):
     assert gpu_async.main(["--set", "ray.max_staleness=0"]) == 2
     err = capsys.readouterr().err
@@ -66,3 +71,25 @@ def test_the_cpu_smoke_run_trains_both_modes_and_writes_its_results(tmp_path, mo
         assert "speedup" in row
     assert {"commit", "command", "machine"} <= set(result)
     assert "| mode |" in (tmp_path / "smoke.md").read_text()
+
+
+@pytest.mark.slow
+@requires_deepspeed
+def test_an_architecture_trains_from_random_weights_of_its_shape(tmp_path, monkeypatch):
+    """--arch: the learner's MFU in a real ziprl.train at another model's size (qwen3-1.7b on a GPU); here the 2-layer
+    shape on the CPU."""
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", tmp_path)
+    built, build = [], gpu_async.build_model
+
+    def build_model(arch, tokenizer, out, device):
+        built.append((arch, device))
+        return build(arch, tokenizer, out, device)
+
+    monkeypatch.setattr(gpu_async, "build_model", build_model)
+    assert gpu_async.main(["--cpu-smoke", "--arch", "tiny", "--modes", "off", "--name", "arch"]) == 0
+    assert built == [("tiny", "cpu")]
+    result = json.loads((tmp_path / "arch.json").read_text())
+    assert result["meta"]["model"] == "tiny, random init"
+    assert [r["mode"] for r in result["rows"]] == ["off"]
+    assert result["rows"][0]["steps"] == 2
+    assert "mfu" in result["rows"][0]

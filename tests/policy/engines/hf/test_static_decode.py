@@ -220,6 +220,8 @@ def test_the_throughput_benchmark_runs_a_tiny_shape_on_a_cpu(tmp_path, monkeypat
     assert (row["arch"], row["rows"], row["device"], row["dtype"]) == ("tiny", 3, "cpu", "float32")
     assert row["static_tok_s"] > 0
     assert row["plain_tok_s"] > 0
+    assert row["static_prefill_s"] > 0
+    assert row["static_decode_tok_s"] > row["static_tok_s"]  # the same tokens over the call less its prefill
     assert row["same_tokens"] == 1.0  # float32: the greedy rows agree
     assert row["captures"] == 0  # no graphs on a CPU
     per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3 + 64 * 2  # q, o; k, v (2 kv heads x 16); the MLP; 2 norms

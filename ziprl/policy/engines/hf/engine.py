@@ -103,6 +103,7 @@ class HFEngine(GenerationEngine):
         self.version = 0
         self.tokens_generated = 0
         self.generation_seconds = 0.0
+        self.prefill_seconds = 0.0  # the part of generation_seconds the prompts' forward took
         self.max_context = getattr(model.config, "max_position_embeddings", None)
 
     @property
@@ -120,6 +121,9 @@ class HFEngine(GenerationEngine):
         gen = generator(self.device, seed)
         room = 0 if self.static_decode is not None else min(sampling.max_new_tokens, 256)
         logits, cache, mask, next_pos = self._prefill(prompts, room=room)
+        if self.device.type == "cuda":  # queued: wait for it, to time it
+            torch.cuda.current_stream(self.device).synchronize()
+        self.prefill_seconds += time.perf_counter() - start
         rows = DecodeRows(self._tokenizer, self.eos_ids, prompts, sampling)
         if self.static_decode is not None:
             self.static_decode.load(cache, mask, next_pos, sampling.max_new_tokens)
