@@ -12,7 +12,8 @@
 # What the machine lacks travels as a payload (scripts/gpu_payload.sh builds it here, in pieces). Every command but
 # the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
 # /tmp/ziprl-store, and the command ends); the last carries the last piece and adds `--sha256 HEX`: the pieces are
-# joined, checked against HEX, the wheels installed into STORE/site and the data unpacked, then the run starts. A
+# joined, checked against HEX, the wheels of packages its Python lacks installed into STORE/site and the data unpacked,
+# then the run starts. A
 # machine that has everything runs it without --piece and --sha256. Without CUDA it says so and exits 0. STORE is new,
 # empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is written; the joined
 # payload becomes STORE/payload.tar only once its sha256 matches.
@@ -134,7 +135,11 @@ if [ -n "$SHA" ]; then
   [ "$got" = "$SHA" ] || { rm -f "$part"; die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/})"; }
   mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"
   tar -xf "$STORE/payload.tar" -C "$STORE" || die "cannot unpack $STORE/payload.tar"
-  "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "$STORE"/wheels/*.whl || die "wheel install failed"
+  # only what this Python lacks: a second copy of a package it has would shadow the one its torch was installed with
+  mapfile -t wheels < <("$PY" scripts/_wheels.py missing "$STORE/wheels" | sed '/^$/d')
+  if [ ${#wheels[@]} -gt 0 ]; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "${wheels[@]}" || die "wheel install failed"
+  fi
   export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_DATA="$STORE/data"
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then

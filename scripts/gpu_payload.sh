@@ -4,11 +4,12 @@
 # from source with DS_BUILD_OPS=0), and the shared QA data, in one tar split into pieces that each travel beside
 # the working tree in one transfer (64 MiB in all).
 #
-#   scripts/gpu_payload.sh [--out DIR] [--piece-mb 48] [--dry-run]
+#   scripts/gpu_payload.sh [--out DIR] [--piece-mb 48] [--ray] [--dry-run]
 #
 # Writes DIR/payload.tar (wheels/, data/) and DIR/pieces/part-aa, part-ab, ... (DIR default .gpu_payload, which it
 # lists in .git/info/exclude so that it stays out of the working tree), then prints the pieces and the tar's sha256
-# for `scripts/gpu_learn.sh --sha256`. Downloads ~200 MB from PyPI. --dry-run prints the plan only. DIR is new, empty,
+# for `scripts/gpu_learn.sh --sha256`. Downloads ~200 MB from PyPI; --ray adds Ray with Serve and what they need
+# (~134 MB more, for `ziprl.launch`: benchmarks/gpu_async.py --modes split). --dry-run prints the plan only. DIR is new, empty,
 # or one this script wrote (it holds DIR/.ziprl-gpu-payload); a run replaces only what an earlier one wrote there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ usage() { sed -n '7p' "$0" | sed 's/^#  *//' >&2; }
 OUT=.gpu_payload
 PIECE_MB=48
 DRY=0
+RAY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
       PIECE_MB=${2:-}
       [[ $PIECE_MB =~ ^[1-9][0-9]*$ ]] || { echo "gpu_payload: --piece-mb needs a positive integer" >&2; exit 2; }
       shift 2 ;;
+    --ray) RAY=1; shift ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_payload: unknown argument $1" >&2; usage; exit 2 ;;
@@ -55,6 +58,11 @@ for pkg in deepspeed "${WHEELS[@]}"; do
   ver=$(version "$pkg") || { echo "gpu_payload: $pkg is not installed in $PY's environment" >&2; exit 2; }
   pins+=("$pkg==$ver")
 done
+if [ "$RAY" = 1 ]; then
+  mapfile -t ray_pins < <("$PY" scripts/_wheels.py closure 'ray[default,serve]') && [ ${#ray_pins[@]} -gt 0 ] \
+    || { echo "gpu_payload: --ray needs Ray with Serve in $PY's environment" >&2; exit 2; }
+  mapfile -t pins < <(printf '%s\n' "${pins[@]}" "${ray_pins[@]}" | awk '!seen[$0]++')  # deepspeed stays first
+fi
 if [ "$DRY" = 1 ]; then
   echo "gpu_payload plan (dry run):"
   echo "  wheels for CPython 3.12, manylinux x86_64: ${pins[*]:1}"

@@ -148,3 +148,61 @@ def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write
 def test_the_scripts_are_shellcheck_clean():
     done = subprocess.run(["shellcheck", str(LEARN), str(PAYLOAD)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_the_payload_plan_with_ray_adds_ray_serve_and_what_they_need_once():
+    from importlib.metadata import version
+
+    done = run(PAYLOAD, "--dry-run", "--ray")
+    assert done.returncode == 0, done.stderr
+    pins = done.stdout.split("manylinux x86_64: ", 1)[1].splitlines()[0].split()
+    assert f"ray=={version('ray')}" in pins
+    assert {f"fastapi=={version('fastapi')}", f"uvicorn=={version('uvicorn')}"} <= set(pins)  # Serve's HTTP proxy
+    assert len(pins) == len(set(pins))  # pydantic: asked for by both lists, downloaded once
+
+
+def test_the_closure_pins_a_requirement_and_all_it_needs_as_installed_here():
+    from importlib.metadata import version
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import _wheels
+
+    pins = _wheels.closure("pytest")
+    assert {f"pytest=={version('pytest')}", f"pluggy=={version('pluggy')}", f"iniconfig=={version('iniconfig')}"} <= set(pins)
+    assert not [p for p in pins if p.startswith(("colorama", "exceptiongroup", "tomli"))]  # Windows / Python < 3.11 only
+    with pytest.raises(LookupError, match="not-installed-anywhere"):
+        _wheels.closure("not-installed-anywhere")
+
+
+def wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of one module ``name``."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}.py", "VALUE = 1\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
+    """A second copy of a package the machine has (first on PYTHONPATH) would shadow the one its torch was installed
+    with: pytest's stays out of the store's site, the new package goes in; then, without CUDA, nothing to do."""
+    src = tmp_path / "src"
+    (src / "wheels").mkdir(parents=True)
+    (src / "data").mkdir()
+    wheel(src / "wheels", "ziprl_probe", "1.0")
+    wheel(src / "wheels", "pytest", "0.0.1")
+    shutil.make_archive(str(tmp_path / "payload"), "tar", src)
+    piece = tmp_path / "part-aa"
+    shutil.move(tmp_path / "payload.tar", piece)
+    done = run(LEARN, "--piece", str(piece), "--store", str(tmp_path / "store"), "--sha256",
+               hashlib.sha256(piece.read_bytes()).hexdigest())
+    assert done.returncode == 0, done.stderr
+    site = tmp_path / "store" / "site"
+    assert (site / "ziprl_probe.py").is_file()
+    assert not [p for p in site.iterdir() if p.name.startswith("pytest")]
+    assert "no CUDA GPU" in done.stdout  # CI has none: the run is not started
