@@ -18,7 +18,7 @@ from ziprl.config import load_config
 from ziprl.testing.outputs import digests
 
 REPO = Path(__file__).resolve().parents[1]
-LEARN, PAYLOAD = REPO / "scripts" / "gpu_learn.sh", REPO / "scripts" / "gpu_payload.sh"
+LEARN, PAYLOAD, ROUND = (REPO / "scripts" / name for name in ("gpu_learn.sh", "gpu_payload.sh", "gpu_round.sh"))
 
 
 def run(script: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -146,7 +146,7 @@ def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_scripts_are_shellcheck_clean():
-    done = subprocess.run(["shellcheck", str(LEARN), str(PAYLOAD)], capture_output=True, text=True)
+    done = subprocess.run(["shellcheck", str(LEARN), str(PAYLOAD), str(ROUND)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 
@@ -206,3 +206,34 @@ def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
     assert (site / "ziprl_probe.py").is_file()
     assert not [p for p in site.iterdir() if p.name.startswith("pytest")]
     assert "no CUDA GPU" in done.stdout  # CI has none: the run is not started
+
+
+def test_the_rounds_plan_shares_its_minutes_among_the_four_measurements(tmp_path):
+    done = run(ROUND, "--dry-run", "--minutes", "9", "--tag", "h100", "--out", str(tmp_path / "round"))
+    assert done.returncode == 0, done.stderr
+    steps = [line.split(" (at most ")[0].strip() for line in done.stdout.splitlines()[1:]]
+    assert steps == ["gpu_check", "engine_throughput", "gpu_async", "gpu_async_1p7b"]
+    assert sum(int(line.split("at most ")[1].split(" s")[0]) for line in done.stdout.splitlines()[1:]) <= 9 * 60 - 15
+    assert "--modes off,thread,split" in done.stdout
+    assert '--arch qwen3-1.7b --modes off' in done.stdout
+    assert not (tmp_path / "round").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--minutes", "0"], "--minutes needs a positive integer"),
+                                               (["--tag", "H 1"], "--tag needs"), (["--nope"], "unknown argument")])
+def test_the_rounds_bad_arguments_exit_2(args, message):
+    done = run(ROUND, *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_the_round_refuses_an_output_that_holds_files_and_without_cuda_writes_nothing(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    done = run(ROUND, "--out", str(mine))
+    assert done.returncode == 2 and "not an empty directory; nothing was written" in done.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    done = run(ROUND, "--out", str(tmp_path / "new"))
+    assert done.returncode == 0 and "no CUDA GPU" in done.stdout  # CI has none
+    assert not (tmp_path / "new").exists()
