@@ -13,10 +13,9 @@
 # the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
 # /tmp/ziprl-store, and the command ends); the last carries the last piece and adds `--sha256 HEX`: the pieces are
 # joined, checked against HEX, the wheels of packages its Python lacks installed into STORE/site and the data unpacked,
-# then the run starts. A
-# machine that has everything runs it without --piece and --sha256. Without CUDA it says so and exits 0. STORE is new,
-# empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is written; the joined
-# payload becomes STORE/payload.tar only once its sha256 matches.
+# then the run starts. A machine that has everything runs it without --piece and --sha256. Without CUDA it says so and
+# exits 0. STORE is new, empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is
+# written; the joined payload becomes STORE/payload.tar only once its sha256 matches.
 # --dry-run writes the run's config to OUT/learn-gpu.yaml (ZipRL's loader checks it) and prints the plan, anywhere.
 # PYTHON=... picks the interpreter (default .venv/bin/python, else python3). Relative paths are the caller's.
 set -uo pipefail
