@@ -80,7 +80,8 @@ touch "$MARK"
 rm -rf "$OUT/wheels" "$OUT/pieces" "$OUT/payload.tar"  # an earlier run's, in a directory marked as this script's
 mkdir -p "$OUT/wheels" "$OUT/pieces"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/wheels" "${pins[@]:1}"
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform any -d "$OUT/wheels" "${pins[@]:1}"
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" "${pins[0]}"
 tar -cf "$OUT/payload.tar" -C "$OUT" wheels -C "$DATA" --transform 's,^\.,data,' .
 split -b "${PIECE_MB}m" "$OUT/payload.tar" "$OUT/pieces/part-"
