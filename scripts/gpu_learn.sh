@@ -8,6 +8,7 @@
 #
 #   scripts/gpu_learn.sh [--piece FILE]... [--sha256 HEX] [--steps 30] [--questions 8] [--group 8]
 #                        [--eval-limit 50] [--minutes 9] [--name gpu_learn] [--out runs/NAME] [--store DIR] [--dry-run]
+#                        [--install-only]
 #
 # What the machine lacks travels as a payload (scripts/gpu_payload.sh builds it here, in pieces). Every command but
 # the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
@@ -16,13 +17,14 @@
 # then the run starts. A machine that has everything runs it without --piece and --sha256. Without CUDA it says so and
 # exits 0. STORE is new, empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is
 # written; the joined payload becomes STORE/payload.tar only once its sha256 matches.
+# --install-only stops once the payload is installed (with --sha256; scripts/gpu_round.sh runs next).
 # --dry-run writes the run's config to OUT/learn-gpu.yaml (ZipRL's loader checks it) and prints the plan, anywhere.
 # PYTHON=... picks the interpreter (default .venv/bin/python, else python3). Relative paths are the caller's.
 set -uo pipefail
 HERE=$PWD
 cd "$(dirname "$0")/.." || exit 1
 
-usage() { sed -n '9,10p' "$0" | sed 's/^#  *//' >&2; }
+usage() { sed -n '9,11p' "$0" | sed 's/^#  *//' >&2; }
 die() { echo "gpu_learn: $*" >&2; exit 2; }
 count() { [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive integer, got '${2:-}'"; }
 abs() { if [[ $1 = /* ]]; then echo "$1"; else echo "$HERE/$1"; fi; }  # a path given relative to the caller's directory
@@ -38,6 +40,7 @@ NAME=gpu_learn
 OUT=""
 STORE=/tmp/ziprl-store
 DRY=0
+INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --piece) [ -n "${2:-}" ] || die "--piece needs a file"; PIECES+=("$(abs "$2")"); shift 2 ;;
@@ -51,10 +54,12 @@ while [ $# -gt 0 ]; do
     --out) [ -n "${2:-}" ] || die "--out needs a directory"; OUT=$(abs "$2"); shift 2 ;;
     --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$(abs "$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --install-only) INSTALL_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage; die "unknown argument $1" ;;
   esac
 done
+[ "$INSTALL_ONLY" = 0 ] || [ -n "$SHA" ] || die "--install-only needs --sha256 (the payload to install)"
 for piece in "${PIECES[@]}"; do
   [ -f "$piece" ] || die "no piece $piece"
 done
@@ -107,6 +112,7 @@ if [ "$DRY" = 1 ]; then
   [ ${#PIECES[@]} -gt 0 ] && echo "  copy ${PIECES[*]} into $STORE/pieces"
   if [ -n "$SHA" ]; then
     echo "  join $STORE/pieces/part-*, check sha256 $SHA, install its wheels into $STORE/site, its data in $STORE/data"
+    [ "$INSTALL_ONLY" = 0 ] || { echo "  stop (--install-only)"; exit 0; }
   elif [ ${#PIECES[@]} -gt 0 ]; then
     echo "  stop (no --sha256: more pieces to come)"
     exit 0
@@ -140,6 +146,10 @@ if [ -n "$SHA" ]; then
     "$PY" -m pip install -q --no-index --no-deps --target "$STORE/site" "${wheels[@]}" || die "wheel install failed"
   fi
   export PYTHONPATH="$STORE/site${PYTHONPATH:+:$PYTHONPATH}" ZIPRL_DATA="$STORE/data"
+  if [ "$INSTALL_ONLY" = 1 ]; then
+    echo "gpu_learn: installed ${#wheels[@]} wheel(s) into $STORE/site, the data into $STORE/data"
+    exit 0
+  fi
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
   echo "gpu_learn: no CUDA GPU visible to PyTorch ($PY): nothing to do"

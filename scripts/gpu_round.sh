@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 48's open measurements on a lent GPU machine, as one command within its 10-minute limit (../shared/GPU.md),
-# once scripts/gpu_learn.sh has installed the payload of `scripts/gpu_payload.sh --ray` into STORE:
+# once `scripts/gpu_learn.sh ... --install-only` has installed the payload of `scripts/gpu_payload.sh --ray` into STORE:
 #   1. scripts/gpu_check.sh                                        OUT/gpu_check/report.md
 #   2. benchmarks/engine_throughput.py --arch smollm2-135m,qwen3-1.7b: static decode's prefill and decode
 #      tokens/s beside the memory-bound ceilings                   engine_throughput_TAG
@@ -63,7 +63,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   echo "gpu_round: no CUDA GPU visible to PyTorch ($PY): nothing to do"
   exit 0
 fi
-[ -d "$STORE/site" ] || die "no $STORE/site: install the payload first (scripts/gpu_learn.sh --piece ... --sha256 ...)"
+[ -d "$STORE/site" ] || die "no $STORE/site: install the payload first (scripts/gpu_learn.sh --piece LAST --sha256 HEX --install-only)"
 mkdir -p "$DEST/results" || die "cannot create $DEST"
 export PYTHONPATH="$STORE/site:$PWD" ZIPRL_DATA="$STORE/data" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PY DEST TAG
 export -f gpu_check engine_throughput gpu_async gpu_async_1p7b

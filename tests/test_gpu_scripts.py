@@ -190,7 +190,8 @@ def wheel(folder: Path, name: str, version: str) -> Path:
 
 def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
     """A second copy of a package the machine has (first on PYTHONPATH) would shadow the one its torch was installed
-    with: pytest's stays out of the store's site, the new package goes in; then, without CUDA, nothing to do."""
+    with: pytest's stays out of the store's site, the new package goes in; --install-only stops there, and without it
+    the run comes next (without CUDA: nothing to do)."""
     src = tmp_path / "src"
     (src / "wheels").mkdir(parents=True)
     (src / "data").mkdir()
@@ -199,13 +200,19 @@ def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
     shutil.make_archive(str(tmp_path / "payload"), "tar", src)
     piece = tmp_path / "part-aa"
     shutil.move(tmp_path / "payload.tar", piece)
-    done = run(LEARN, "--piece", str(piece), "--store", str(tmp_path / "store"), "--sha256",
-               hashlib.sha256(piece.read_bytes()).hexdigest())
+    sha = hashlib.sha256(piece.read_bytes()).hexdigest()
+    assert run(LEARN, "--install-only").returncode == 2  # without a payload to install
+    plan = run(LEARN, "--dry-run", "--install-only", "--piece", str(piece), "--sha256", sha, "--store", str(tmp_path / "s"))
+    assert plan.stdout.splitlines()[-1] == "  stop (--install-only)"
+    done = run(LEARN, "--piece", str(piece), "--store", str(tmp_path / "store"), "--sha256", sha, "--install-only")
     assert done.returncode == 0, done.stderr
+    assert "installed 1 wheel(s)" in done.stdout
     site = tmp_path / "store" / "site"
     assert (site / "ziprl_probe.py").is_file()
     assert not [p for p in site.iterdir() if p.name.startswith("pytest")]
-    assert "no CUDA GPU" in done.stdout  # CI has none: the run is not started
+    assert (tmp_path / "store" / "data").is_dir()
+    again = run(LEARN, "--store", str(tmp_path / "store"), "--sha256", sha)
+    assert again.returncode == 0 and "no CUDA GPU" in again.stdout  # without --install-only the run comes next
 
 
 def test_the_rounds_plan_shares_its_minutes_among_the_four_measurements(tmp_path):
