@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,22 @@ def test_the_round_refuses_an_output_that_holds_files_and_without_cuda_writes_no
     done = run(ROUND, "--out", str(tmp_path / "new"))
     assert done.returncode == 0 and "no CUDA GPU" in done.stdout  # CI has none
     assert not (tmp_path / "new").exists()
+
+
+def test_the_round_runs_its_steps_in_order_and_archives_what_they_wrote(tmp_path):
+    """With a stand-in interpreter that says CUDA is there and echoes each command: the four steps run in order, each
+    under its limit with its log, and the archive holds the logs and the gpu_check report's files."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\ncase "$*" in *torch.cuda.is_available*) exit 0 ;; esac\necho "ran: $*"\n')
+    fake.chmod(0o755)
+    (tmp_path / "store" / "site").mkdir(parents=True)
+    out = tmp_path / "round"
+    done = subprocess.run(["bash", str(ROUND), "--store", str(tmp_path / "store"), "--out", str(out), "--minutes", "2"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": str(fake)})
+    assert done.returncode == 0, done.stderr
+    started = [line.split()[2] for line in done.stdout.splitlines() if "(at most" in line]
+    assert started == ["gpu_check", "engine_throughput", "gpu_async", "gpu_async_1p7b"]
+    assert "ran: benchmarks/gpu_async.py --arch qwen3-1.7b --modes off" in (out / "gpu_async_1p7b.log").read_text()
+    with tarfile.open(out / "results.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./gpu_check.log", "./gpu_async.log", "./gpu_check/pytest.log", "./results"} <= names
