@@ -4,8 +4,9 @@
 #   1. scripts/gpu_check.sh                                        OUT/gpu_check/report.md
 #   2. benchmarks/engine_throughput.py --arch smollm2-135m,qwen3-1.7b: static decode's prefill and decode
 #      tokens/s beside the memory-bound ceilings                   engine_throughput_TAG
-#   3. benchmarks/gpu_async.py --modes off,thread,split: sequential, a thread, two processes on one GPU
-#                                                                  gpu_async_TAG
+#   3. benchmarks/gpu_async.py --modes split,off: two processes on one GPU against sequential (thread was
+#      measured: gpu_async_h200.md); split first, so a cut keeps it
+#                                                                  gpu_async_TAG_split
 #   4. benchmarks/gpu_async.py --arch qwen3-1.7b --modes off: the learner's MFU in ziprl.train at 1.7B
 #                                                                  gpu_async_TAG_1p7b
 # Each step runs under its share of --minutes; a step cut short keeps what its benchmark wrote. Every file written
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --tag) [[ ${2:-} =~ ^[a-z0-9_]+$ ]] || die "--tag needs lower-case letters, digits or _"; TAG=$2; shift 2 ;;
     --minutes) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--minutes needs a positive integer"; MINUTES=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '14p' "$0" | sed 's/^#  *//'; exit 0 ;;
+    -h|--help) sed -n '15p' "$0" | sed 's/^#  *//'; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
 done
@@ -49,7 +50,7 @@ engine_throughput() {
   "$PY" benchmarks/engine_throughput.py --arch smollm2-135m,qwen3-1.7b --rows 64 --prompt-tokens 1024 --new-tokens 128 \
     --repeats 2 --name "engine_throughput_$TAG"
 }
-gpu_async() { "$PY" benchmarks/gpu_async.py --modes off,thread,split --steps 4 --name "gpu_async_$TAG"; }
+gpu_async() { "$PY" benchmarks/gpu_async.py --modes split,off --steps 4 --name "gpu_async_${TAG}_split"; }
 gpu_async_1p7b() { "$PY" benchmarks/gpu_async.py --arch qwen3-1.7b --modes off --steps 3 --name "gpu_async_${TAG}_1p7b"; }
 STEPS=(gpu_check:15 engine_throughput:20 gpu_async:35 gpu_async_1p7b:30)  # step: its share of TOTAL, in percent
 if [ "$DRY" = 1 ]; then
