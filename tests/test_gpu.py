@@ -54,6 +54,7 @@ def test_hf_engine_generates_on_cuda_with_the_cpu_log_probs(model_dir):
     prompt = chat_prompt_ids(gpu.tokenizer, [{"role": "user", "content": "who wrote the book"}])
     gen = gpu.generate([prompt, prompt[:5]], SamplingConfig(max_new_tokens=12), seed=0)
     assert all(0 < len(g.token_ids) <= 12 and len(g.logprobs) == len(g.token_ids) for g in gen)
+    assert gpu.generation_seconds > gpu.prefill_seconds > 0  # the prefill's span, timed by CUDA events
     ids = torch.tensor([prompt + gen[0].token_ids])
     with torch.no_grad():  # the same tokens scored on CPU: the behaviour log-probs agree
         logits = cpu.model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()

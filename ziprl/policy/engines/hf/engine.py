@@ -120,10 +120,15 @@ class HFEngine(GenerationEngine):
         greedy = sampling.greedy or sampling.temperature == 0
         gen = generator(self.device, seed)
         room = 0 if self.static_decode is not None else min(sampling.max_new_tokens, 256)
+        cuda = self.device.type == "cuda"
+        if cuda:  # the prefill is queued: timed by events, read once decoding has waited for it anyway
+            marks = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            marks[0].record()
         logits, cache, mask, next_pos = self._prefill(prompts, room=room)
-        if self.device.type == "cuda":  # queued: wait for it, to time it
-            torch.cuda.current_stream(self.device).synchronize()
-        self.prefill_seconds += time.perf_counter() - start
+        if cuda:
+            marks[1].record()
+        else:
+            self.prefill_seconds += time.perf_counter() - start
         rows = DecodeRows(self._tokenizer, self.eos_ids, prompts, sampling)
         if self.static_decode is not None:
             self.static_decode.load(cache, mask, next_pos, sampling.max_new_tokens)
@@ -131,6 +136,9 @@ class HFEngine(GenerationEngine):
             self.static_decode.decode(rows, logits, sampling, greedy, gen)
         else:
             self._decode(rows, logits, cache, mask, next_pos, sampling, greedy, gen)
+        if cuda:
+            marks[1].synchronize()
+            self.prefill_seconds += marks[0].elapsed_time(marks[1]) / 1e3
         self.tokens_generated += rows.count
         self.generation_seconds += time.perf_counter() - start
         return rows.generations()
