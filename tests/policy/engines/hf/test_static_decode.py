@@ -13,7 +13,7 @@ from tests.conftest import REPO
 from ziprl.config import ConfigError, ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, make_engine, resolve_model_path
 from ziprl.policy.decoding import draw, sample
-from ziprl.policy.engines.hf.static_decode import StaticDecode, bucket, round_up
+from ziprl.policy.engines.hf.static_decode import POSITION_CHUNK, StaticDecode, bucket, round_up
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -121,18 +121,19 @@ def test_the_buffers_grow_for_more_rows_or_positions_and_are_kept_otherwise(tiny
     sampling = SamplingConfig(greedy=True, max_new_tokens=12, stop=[])
     engine.generate(prompts[:2], sampling)
     first = engine.static_decode.buffers
-    assert tuple(first.mask.shape) == (2, round_up(max(map(len, prompts[:2])) + 12, 256))
+    assert tuple(first.bias.shape) == (2, round_up(max(map(len, prompts[:2])) + 12, POSITION_CHUNK))
     engine.generate(prompts[1:2], sampling)
     assert engine.static_decode.buffers is first  # fewer rows: the same buffers
-    longer = [prompts[0] * (300 // len(prompts[0]) + 1)]  # > 256 positions
+    longer = [prompts[0] * (300 // len(prompts[0]) + 1)]  # more positions than the first buffers hold
     assert_same(engine.generate(longer + prompts, sampling), plain.generate(longer + prompts, sampling))
     grown = engine.static_decode.buffers
-    assert tuple(grown.mask.shape) == (8, round_up(len(longer[0]) + 12, 256))
+    assert tuple(grown.bias.shape) == (8, round_up(len(longer[0]) + 12, POSITION_CHUNK))
 
 
 def test_a_weight_refresh_writes_into_the_weights_the_steps_read(static, plain, prompts):
     """With static decode the parameters keep their memory (CUDA graphs replay on its addresses): new values are
-    copied in, from arrays of any dtype, read-only ones included; the buffers stay as they are."""
+    copied in, from arrays of any dtype, read-only ones included, and reach the fused projections the steps read (a
+    key and an up projection change); the buffers stay as they are."""
     sampling = SamplingConfig(greedy=True, max_new_tokens=8, stop=[])
     original = {k: v.detach().numpy().copy() for k, v in static.model.state_dict().items()}
     base = static.generate(prompts, sampling)
@@ -141,6 +142,8 @@ def test_a_weight_refresh_writes_into_the_weights_the_steps_read(static, plain, 
     try:
         changed = {k: v.astype(np.float64) for k, v in original.items()}
         changed["model.norm.weight"] = -changed["model.norm.weight"]
+        for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+            changed[name] = changed[name] * 3.0
         for v in changed.values():
             v.flags.writeable = False  # as ray.get returns object-store arrays
         static.load_weights(changed, version=1)
@@ -158,15 +161,25 @@ def test_a_weight_refresh_writes_into_the_weights_the_steps_read(static, plain, 
     assert_same(static.generate(prompts, sampling), base, atol=0)
 
 
-def test_a_qwen3_model_decodes_as_its_own_forward(plain, prompts, tmp_path):
-    """Qwen3's per-head query and key norms and untied head, through the same steps."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_a_qwen_model_decodes_as_its_own_forward(plain, prompts, tmp_path, family):
+    """Qwen3's per-head query and key norms and Qwen2's query, key and value biases (fused into one), with untied
+    heads, through the same steps."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(plain.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
-                         eos_token_id=plain.tokenizer.eos_token_id, pad_token_id=plain.tokenizer.pad_token_id)
-    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    config_class, model_class = (Qwen3Config, Qwen3ForCausalLM) if family == "qwen3" else (Qwen2Config,
+                                                                                           Qwen2ForCausalLM)
+    config = config_class(vocab_size=len(plain.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                          eos_token_id=plain.tokenizer.eos_token_id, pad_token_id=plain.tokenizer.pad_token_id)
+    model = model_class(config)
+    if family == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+        for name, param in model.named_parameters():
+            if name.endswith("proj.bias"):  # random biases, not HF's zeros, so the fused bias matters
+                torch.nn.init.normal_(param, std=0.5)
+    model.save_pretrained(tmp_path)
     plain.tokenizer.save_pretrained(tmp_path)
     sampling = SamplingConfig(greedy=True, max_new_tokens=20, stop=[])
     qwen_plain, qwen_static = HFEngine(tmp_path, device="cpu"), HFEngine(tmp_path, device="cpu", static_decode=True)
@@ -229,3 +242,62 @@ def test_the_throughput_benchmark_runs_a_tiny_shape_on_a_cpu(tmp_path, monkeypat
     assert row["ceiling_tok_s"] == pytest.approx(3 * row["bandwidth_gb_s"] * 1e9 / row["weight_bytes"])
     assert row["ceiling_tok_s"] > row["ceiling_with_kv_tok_s"] > 0
     assert "memory-bound ceiling" in capsys.readouterr().out
+
+
+def test_the_steps_norm_and_rope_are_transformers_own_bit_for_bit_in_bfloat16():
+    """``rms`` equals the model's RMS norm module and ``rotate`` transformers' ``x * cos + rotate_half(x) * sin``
+    exactly in bfloat16 (the rounding a GPU rollout runs in), on a strided view as the fused projection gives."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, rotate_half
+
+    from ziprl.policy.engines.hf.static_decode import rms, rotate, signed_sine
+
+    gen = torch.Generator().manual_seed(0)
+    norm = Qwen3RMSNorm(128, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(128, generator=gen))
+    fused = (3 * torch.randn(16, 1, 6 * 128, generator=gen)).to(torch.bfloat16)
+    x = fused[..., : 4 * 128].view(16, 1, 4, 128)  # a query's heads, as split from q/k/v's one output
+    assert not x.is_contiguous()
+    assert torch.equal(rms(norm, x), norm(x))
+    angles = torch.randn(16, 1, 1, 128, generator=gen)
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    assert torch.equal(rotate(x, cos, signed_sine(sin)), x * cos + rotate_half(x) * sin)
+
+
+def test_fused_linears_compute_what_the_layers_did_and_stay_their_weights():
+    from ziprl.policy.engines.hf.static_decode import fuse_linears
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, n) for n in (4, 2, 2)]
+    x = torch.randn(3, 8)
+    want = [layer(x) for layer in layers]
+    weight, bias, sizes = fuse_linears(layers)
+    assert (tuple(weight.shape), tuple(bias.shape), sizes) == ((8, 8), (8,), [4, 2, 2])
+    got = torch.nn.functional.linear(x, weight, bias).split(sizes, -1)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(torch.equal(layer(x), w) for layer, w in zip(layers, want, strict=True))  # the layers unchanged
+    with torch.no_grad():
+        layers[1].weight.copy_(torch.ones(2, 8))  # as a weight refresh writes
+    assert torch.equal(weight[4:6], torch.ones(2, 8))
+    assert all(layer.weight.is_contiguous() for layer in layers)
+    assert fuse_linears([torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 4, bias=False)])[1] is None
+    with pytest.raises(ValueError, match="some of the layers have a bias and some do not"):
+        fuse_linears([torch.nn.Linear(8, 4), torch.nn.Linear(8, 4, bias=False)])
+
+
+def test_the_op_count_benchmark_counts_a_static_step_and_a_transformers_one(monkeypatch):
+    """benchmarks/decode_ops.py at the tiny Llama shape: the static step's layer is its 23 operations (four matrix
+    products: q/k/v fused, o, gate/up fused, down; two fused norms; one attention call), against the transformers
+    decode forward's own count."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import decode_ops
+
+    static, plain = decode_ops.measure("tiny", rows=3, span=20, device="cpu")
+    assert (static["loop"], plain["loop"], static["layers"]) == ("static", "plain", 2)
+    assert static["ops_per_layer"] == 23
+    assert static["layer_ops"] == ("mul.Tensor x7, linear.default x4, add.Tensor x4, rms_norm.default x2, "
+                                   "roll.default x2, index_copy_.default x2, scaled_dot_product_attention.default x1, "
+                                   "silu.default x1")
+    assert plain["ops_per_layer"] > static["ops_per_layer"]
+    assert "linear.default x7" in plain["layer_ops"]  # q, k, v, o, gate, up, down
+    assert static["ops_per_step"] < plain["ops_per_step"]

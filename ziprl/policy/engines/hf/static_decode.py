@@ -2,7 +2,7 @@
 
 A transformers decode step launches thousands of small kernels, and the plain loop reads the sampled tokens back
 every step to see which rows finished. Here every tensor a step touches is allocated once (:class:`Buffers`: the
-keys and values of every layer as ``[rows, positions]`` slots, the attention mask, each row's last token and
+keys and values of every layer as ``[rows, positions]`` slots, the attention bias, each row's last token and
 position, the cache column the step writes, the tokens drawn since the host last looked), a step reads and writes
 only those, and the next token is drawn on the device from uniform numbers drawn ahead (:func:`decoding.draw`). On
 CUDA a step of each shape (rows bucket, positions the attention reads, sampling mode) is captured as a CUDA graph the
@@ -11,10 +11,14 @@ stop strings, :class:`~ziprl.policy.decoding.DecodeRows`) and, once the rows sti
 them to the front of a smaller one: finished rows leave the batch in buckets of powers of two. On a CPU the same steps
 run without graphs, so the CPU tests cover the path.
 
-The step computes what the model's own decoder layers compute (norms, projections, Qwen3's per-head norms and MLPs
-are the model's modules; RoPE as transformers applies it; attention reads each key/value head once for the query
-heads that share it). The graphs read the weights where the model holds them: a weight refresh copies into them
-(:meth:`HFEngine.load_weights`) and the graphs stay valid.
+The step computes what the model's own decoder layers compute, in fewer kernels (a GPU decode step of small kernels
+costs their count as much as their bytes): each RMS norm is ``torch.rms_norm`` (one fused kernel on CUDA) times the
+norm's weight, as transformers rounds it; the query, key and value projections are one matrix product, and so are the
+MLP's gate and up projections (:func:`fuse_linears` makes the model's own weights views of one buffer each, so the
+model and a weight refresh see them unchanged); RoPE rotates with one ``roll`` and a sine whose first half is negated
+once a step; attention is one ``scaled_dot_product_attention`` over each key/value head with the query heads that
+share it as its queries, masked by a bias computed once a step. The graphs read the weights where the model holds
+them: a weight refresh copies into them (:meth:`HFEngine.load_weights`) and the graphs stay valid.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -32,7 +37,7 @@ from ziprl.policy.decoding import DecodeRows, draw
 from ziprl.policy.side_stream import CAPTURE_LOCK
 
 SYNC_EVERY = 16  # decode steps between the host's reads of the drawn tokens
-POSITION_CHUNK = 256  # the attention reads the cache up to a multiple of this (one graph per multiple)
+POSITION_CHUNK = 128  # the attention reads the cache up to a multiple of this (one graph per multiple)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder layers of Llama's form (Qwen3: per-head q/k norms)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # frequencies fixed at load (no per-step host check)
 
@@ -71,21 +76,50 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rms(norm: Any, x: Tensor) -> Tensor:
+    """A transformers RMS norm module's output on ``x``: normalised in float32 and rounded to ``x``'s dtype (one fused
+    ``torch.rms_norm``), then times the weight."""
+    return norm.weight * torch.rms_norm(x, (x.shape[-1],), None, norm.variance_epsilon)
 
 
-def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, blocked: Tensor, scaling: float) -> Tensor:
-    """``softmax(q k^T * scaling, masked) v`` for one query per row, ``q`` ``[B, H, 1, D]``, keys and values
-    ``[B, H_kv, L, D]`` read once for the query heads that share them, ``blocked`` ``[B, 1, 1, L]`` (True: not
-    attended); returns ``[B, 1, H * D]``."""
-    b, h, _, d = q.shape
+def signed_sine(sin: Tensor) -> Tensor:
+    """``sin`` with its first half negated: ``rotate(x, cos, that)`` is transformers' ``x * cos + rotate_half(x) * sin``
+    (``rotate_half(x) = cat(-x2, x1)``, and ``-x2 * s1 == x2 * -s1`` exactly)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE on ``x`` (head dim last): ``roll`` by half the head dim gives ``cat(x2, x1)``."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
+def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scaling: float) -> Tensor:
+    """``softmax(q k^T * scaling + bias) v`` for one query per row, ``q`` ``[B, 1, H, D]``, keys and values
+    ``[B, H_kv, L, D]``, ``bias`` ``[B, 1, 1, L]`` (0 or -inf): one attention call whose queries are the query heads
+    sharing a key/value head, so each is read once; returns ``[B, 1, H * D]``."""
+    b, _, h, d = q.shape
     kv_heads = keys.shape[1]
-    q = q.reshape(b, kv_heads, h // kv_heads, d)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling
-    probs = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).reshape(b, 1, h * d)
+    out = F.scaled_dot_product_attention(q.reshape(b, kv_heads, h // kv_heads, d), keys, values, attn_mask=bias,
+                                         scale=scaling)
+    return out.reshape(b, 1, h * d)
+
+
+def fuse_linears(linears: list[Any]) -> tuple[Tensor, Tensor | None, list[int]]:
+    """One weight (and bias) for ``linears`` that read the same input, their rows stacked; each layer's own weight
+    (and bias) becomes a view of it, so the model computes as before and a copy into a layer's weight reaches the
+    fused one. Returns the weight, the bias (None: no layer has one) and each layer's output size."""
+    sizes = [linear.out_features for linear in linears]
+    biased = {linear.bias is not None for linear in linears}
+    if biased == {True, False}:
+        raise ValueError("fuse_linears: some of the layers have a bias and some do not")
+    fused = []
+    for name in ("weight", "bias") if biased == {True} else ("weight",):
+        whole = torch.cat([getattr(linear, name).detach() for linear in linears])
+        for linear, part in zip(linears, whole.split(sizes), strict=True):
+            getattr(linear, name).data = part
+        fused.append(whole)
+    return fused[0], fused[1] if len(fused) > 1 else None, sizes
 
 
 @dataclass
@@ -93,7 +127,7 @@ class Buffers:
     """Every tensor a decode step reads or writes (a captured graph replays on their addresses)."""
 
     kv: Tensor  # [layers, 2, rows, kv heads, positions, head dim]: each layer's keys and values
-    mask: Tensor  # [rows, positions] bool: the cache positions each row attends to
+    bias: Tensor  # [rows, positions] model dtype: 0 at the cache positions each row attends to, -inf elsewhere
     tokens: Tensor  # [rows]: each row's last token, the next step's input
     positions: Tensor  # [rows]: its RoPE position
     column: Tensor  # [1]: the cache column the next step writes (every row's: the cache is left-padded)
@@ -115,7 +149,8 @@ class Buffers:
             return torch.zeros(size, dtype=dtype, device=device)
 
         return cls(zeros(layers, 2, rows, kv_heads, positions, head_dim, dtype=dtype),
-                   zeros(rows, positions, dtype=torch.bool), zeros(rows, dtype=torch.long),
+                   zeros(rows, positions, dtype=dtype),
+                   zeros(rows, dtype=torch.long),
                    zeros(rows, dtype=torch.long), zeros(1, dtype=torch.long), zeros(1, dtype=torch.long),
                    zeros(rows, window), zeros(rows, window, dtype=torch.long), zeros(rows, window), zeros(1), zeros(1))
 
@@ -134,6 +169,9 @@ class StaticDecode:
         self.device, self.dtype = param.device, param.dtype
         attn = self.inner.layers[0].self_attn
         self.head_dim, self.kv_heads = attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        self.qkv = [fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                    for layer in self.inner.layers]
+        self.gate_up = [fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.inner.layers]
         self.capture = self.device.type == "cuda"
         self.buffers: Buffers | None = None
         self.graphs: dict[tuple[int, int, str], torch.cuda.CUDAGraph] = {}
@@ -150,8 +188,8 @@ class StaticDecode:
         for i, layer in enumerate(cache.layers):
             buf.kv[i, 0, :rows, :, : self.width] = layer.keys
             buf.kv[i, 1, :rows, :, : self.width] = layer.values
-        buf.mask.zero_()
-        buf.mask[:rows, : self.width] = mask.bool()
+        buf.bias.fill_(float("-inf"))
+        buf.bias[:rows, : self.width].masked_fill_(mask.bool(), 0.0)
         buf.tokens.fill_(self.pad_id)
         buf.positions.zero_()
         buf.positions[:rows] = next_pos
@@ -186,10 +224,10 @@ class StaticDecode:
 
     def _ensure(self, rows: int, positions: int) -> None:
         old = self.buffers
-        if old is not None and old.mask.shape[0] >= rows and old.mask.shape[1] >= positions:
+        if old is not None and old.bias.shape[0] >= rows and old.bias.shape[1] >= positions:
             return
         if old is not None:
-            rows, positions = max(rows, old.mask.shape[0]), max(positions, old.mask.shape[1])
+            rows, positions = max(rows, old.bias.shape[0]), max(positions, old.bias.shape[1])
         self.graphs.clear()  # they replay on the old buffers' addresses
         self.buffers = self._pool = None
         shape = (len(self.inner.layers), self.kv_heads, self.head_dim)
@@ -241,31 +279,32 @@ class StaticDecode:
         """Feed each row's last token at its position into cache column ``column``, attend over the first ``span``
         positions, draw the next token."""
         buf = self.buffers
-        buf.mask[:slots].index_fill_(1, buf.column, True)
+        buf.bias[:slots].index_fill_(1, buf.column, 0.0)
         h = self.inner.embed_tokens(buf.tokens[:slots, None])
         cos, sin = self.inner.rotary_emb(h, buf.positions[:slots, None])
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, D]: every head
-        blocked = ~buf.mask[:slots, None, None, :span]
+        cos, sin = cos[:, :, None], signed_sine(sin)[:, :, None]  # [B, 1, 1, D]: every head
+        bias = buf.bias[:slots, None, None, :span]
         for i, layer in enumerate(self.inner.layers):
-            h = self._layer(layer, h, cos, sin, buf.kv[i, :, :slots], blocked, span)
-        self._draw(self.head(self.inner.norm(h))[:, 0].float(), slots, mode)
+            h = self._layer(i, layer, h, cos, sin, buf.kv[i, :, :slots], bias, span)
+        self._draw(self.head(rms(self.inner.norm, h))[:, 0].float(), slots, mode)
         buf.positions[:slots] += 1
         buf.column += 1
 
-    def _layer(self, layer: Any, h: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, blocked: Tensor, span: int
+    def _layer(self, i: int, layer: Any, h: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, bias: Tensor, span: int
                ) -> Tensor:
-        """One decoder layer on ``h`` ``[B, 1, hidden]``, its new key and value written into ``kv`` (in place)."""
-        attn, shape = layer.self_attn, (h.shape[0], 1, -1, self.head_dim)
-        x = layer.input_layernorm(h)
-        q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
+        """Decoder layer ``i`` on ``h`` ``[B, 1, hidden]``, its new key and value written into ``kv`` (in place)."""
+        attn, mlp, shape = layer.self_attn, layer.mlp, (h.shape[0], 1, -1, self.head_dim)
+        weight, b, sizes = self.qkv[i]
+        q, k, v = (part.view(shape) for part in F.linear(rms(layer.input_layernorm, h), weight, b).split(sizes, -1))
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        kv[0].index_copy_(2, self.buffers.column, k)
-        kv[1].index_copy_(2, self.buffers.column, v)
-        h = h + attn.o_proj(grouped_attention(q, kv[0, :, :, :span], kv[1, :, :, :span], blocked, attn.scaling))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+            q, k = rms(attn.q_norm, q), rms(attn.k_norm, k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [B, 1, heads, D]
+        kv[0].index_copy_(2, self.buffers.column, k.transpose(1, 2))
+        kv[1].index_copy_(2, self.buffers.column, v.transpose(1, 2))
+        h = h + attn.o_proj(grouped_attention(q, kv[0, :, :, :span], kv[1, :, :, :span], bias, attn.scaling))
+        weight, b, sizes = self.gate_up[i]
+        gate, up = F.linear(rms(layer.post_attention_layernorm, h), weight, b).split(sizes, -1)
+        return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _record(self, rows: DecodeRows, live: list[int], window: int) -> list[int]:
         """Record the last ``window`` draws of the ``live`` slots (the host's one read of them); the slots still
@@ -283,6 +322,6 @@ class StaticDecode:
         buf, n = self.buffers, len(live)
         idx = torch.tensor(live, device=self.device)
         buf.kv[:, :, :n, :, :columns] = buf.kv[:, :, idx, :, :columns]
-        for t in (buf.mask, buf.tokens, buf.positions):
+        for t in (buf.bias, buf.tokens, buf.positions):
             t[:n] = t[idx]
         return bucket(n)
