@@ -83,6 +83,20 @@ def test_a_model_it_cannot_run_is_refused_when_asked_for_and_skipped_otherwise(p
     assert static_decode(window, False, 0) == (None, "static_decode=false")
 
 
+def test_a_qwen3_model_whose_query_and_key_norms_differ_is_not_run():
+    """The step normalises the query and key heads together, with one epsilon."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ziprl.policy.engines.hf.static_decode import unsupported
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    assert unsupported(model) is None
+    model.model.layers[1].self_attn.k_norm.variance_epsilon = 1e-3
+    assert unsupported(model) == ("query and key norms of different epsilons are not supported (they are normalised "
+                                  "together)")
+
+
 @pytest.mark.parametrize("sync_every", [1, 4, 16])
 def test_greedy_tokens_and_log_probs_equal_the_plain_loops(plain, static, prompts, monkeypatch, sync_every):
     """Rows end at different steps (stop strings) and the 7 rows run in 8 slots: finished rows are recorded no
@@ -286,17 +300,17 @@ def test_fused_linears_compute_what_the_layers_did_and_stay_their_weights():
 
 
 def test_the_op_count_benchmark_counts_a_static_step_and_a_transformers_one(monkeypatch):
-    """benchmarks/decode_ops.py at the tiny Llama shape: the static step's layer is its 23 operations (four matrix
-    products: q/k/v fused, o, gate/up fused, down; two fused norms; one attention call), against the transformers
-    decode forward's own count."""
+    """benchmarks/decode_ops.py at the tiny Llama shape: the static step's layer is its 19 operations (four matrix
+    products: q/k/v fused, o, gate/up fused, down; two fused norms; the query and key heads rotated together; one
+    attention call), against the transformers decode forward's own count."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import decode_ops
 
     static, plain = decode_ops.measure("tiny", rows=3, span=20, device="cpu")
     assert (static["loop"], plain["loop"], static["layers"]) == ("static", "plain", 2)
-    assert static["ops_per_layer"] == 23
-    assert static["layer_ops"] == ("mul.Tensor x7, linear.default x4, add.Tensor x4, rms_norm.default x2, "
-                                   "roll.default x2, index_copy_.default x2, scaled_dot_product_attention.default x1, "
+    assert static["ops_per_layer"] == 19
+    assert static["layer_ops"] == ("mul.Tensor x5, linear.default x4, add.Tensor x3, rms_norm.default x2, "
+                                   "index_copy_.default x2, roll.default x1, scaled_dot_product_attention.default x1, "
                                    "silu.default x1")
     assert plain["ops_per_layer"] > static["ops_per_layer"]
     assert "linear.default x7" in plain["layer_ops"]  # q, k, v, o, gate, up, down

@@ -15,10 +15,11 @@ The step computes what the model's own decoder layers compute, in fewer kernels 
 costs their count as much as their bytes): each RMS norm is ``torch.rms_norm`` (one fused kernel on CUDA) times the
 norm's weight, as transformers rounds it; the query, key and value projections are one matrix product, and so are the
 MLP's gate and up projections (:func:`fuse_linears` makes the model's own weights views of one buffer each, so the
-model and a weight refresh see them unchanged); RoPE rotates with one ``roll`` and a sine whose first half is negated
-once a step; attention is one ``scaled_dot_product_attention`` over each key/value head with the query heads that
-share it as its queries, masked by a bias computed once a step. The graphs read the weights where the model holds
-them: a weight refresh copies into them (:meth:`HFEngine.load_weights`) and the graphs stay valid.
+model and a weight refresh see them unchanged); the query and key heads, adjacent in that product's output, are
+normalised (Qwen3) and rotated together, RoPE by one ``roll`` and a sine whose first half is negated once a step;
+attention is one ``scaled_dot_product_attention`` over each key/value head with the query heads that share it as its
+queries, masked by a bias computed once a step. The graphs read the weights where the model holds them: a weight
+refresh copies into them (:meth:`HFEngine.load_weights`) and the graphs stay valid.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def unsupported(model: Any) -> str | None:
         return f"only RoPE types {', '.join(ROPE_TYPES)} are supported"
     if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=config).layers):
         return "sliding-window attention layers are not supported"
+    if any(hasattr(layer.self_attn, "q_norm") and layer.self_attn.q_norm.variance_epsilon
+           != layer.self_attn.k_norm.variance_epsilon for layer in model.model.layers):
+        return "query and key norms of different epsilons are not supported (they are normalised together)"
     return None
 
 
@@ -169,6 +173,7 @@ class StaticDecode:
         self.device, self.dtype = param.device, param.dtype
         attn = self.inner.layers[0].self_attn
         self.head_dim, self.kv_heads = attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        self.heads = attn.q_proj.out_features // attn.head_dim
         self.qkv = [fuse_linears([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
                     for layer in self.inner.layers]
         self.gate_up = [fuse_linears([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.inner.layers]
@@ -292,16 +297,20 @@ class StaticDecode:
 
     def _layer(self, i: int, layer: Any, h: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, bias: Tensor, span: int
                ) -> Tensor:
-        """Decoder layer ``i`` on ``h`` ``[B, 1, hidden]``, its new key and value written into ``kv`` (in place)."""
-        attn, mlp, shape = layer.self_attn, layer.mlp, (h.shape[0], 1, -1, self.head_dim)
-        weight, b, sizes = self.qkv[i]
-        q, k, v = (part.view(shape) for part in F.linear(rms(layer.input_layernorm, h), weight, b).split(sizes, -1))
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
-            q, k = rms(attn.q_norm, q), rms(attn.k_norm, k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [B, 1, heads, D]
-        kv[0].index_copy_(2, self.buffers.column, k.transpose(1, 2))
+        """Decoder layer ``i`` on ``h`` ``[B, 1, hidden]``, its new key and value written into ``kv`` (in place). The
+        query and key heads, side by side in the fused projection's output, are normalised and rotated together."""
+        attn, mlp, heads = layer.self_attn, layer.mlp, self.heads
+        weight, b, _ = self.qkv[i]
+        qkv = F.linear(rms(layer.input_layernorm, h), weight, b).view(h.shape[0], 1, -1, self.head_dim)
+        qk, v = qkv[:, :, : heads + self.kv_heads], qkv[:, :, heads + self.kv_heads :]
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key, each with its own weight
+            scale = torch.cat((attn.q_norm.weight.expand(heads, -1), attn.k_norm.weight.expand(self.kv_heads, -1)))
+            qk = scale * torch.rms_norm(qk, (self.head_dim,), None, attn.q_norm.variance_epsilon)
+        qk = rotate(qk, cos, sin)  # [B, 1, heads + kv heads, D]
+        kv[0].index_copy_(2, self.buffers.column, qk[:, :, heads:].transpose(1, 2))
         kv[1].index_copy_(2, self.buffers.column, v.transpose(1, 2))
-        h = h + attn.o_proj(grouped_attention(q, kv[0, :, :, :span], kv[1, :, :, :span], bias, attn.scaling))
+        h = h + attn.o_proj(grouped_attention(qk[:, :, :heads], kv[0, :, :, :span], kv[1, :, :, :span], bias,
+                                              attn.scaling))
         weight, b, sizes = self.gate_up[i]
         gate, up = F.linear(rms(layer.post_attention_layernorm, h), weight, b).split(sizes, -1)
         return h + mlp.down_proj(mlp.act_fn(gate) * up)
