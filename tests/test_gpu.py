@@ -1,6 +1,6 @@
 """GPU-only checks (run by scripts/gpu_check.sh): HFEngine on CUDA (its static-cache decode steps captured as CUDA
 graphs, also on a rollout thread's own stream), a DeepSpeed bf16 ZeRO step, the collective weight push over NCCL
-between two processes, and vLLM when installed. A random tiny Llama and a tokenizer built here (ziprl/testing/local_model.py): nothing downloaded. Every test
+between two processes, and vLLM when installed. A random tiny Llama (and Qwen3) and a tokenizer built here (ziprl/testing/local_model.py): nothing downloaded. Every test
 skips with its reason on a machine without CUDA."""
 
 from __future__ import annotations
@@ -117,6 +117,34 @@ def test_static_decode_replays_its_graphs_and_keeps_them_through_a_weight_refres
     for g in bf16.generate(prompts, SamplingConfig(max_new_tokens=16, stop=[]), seed=0):  # a sampled row may end early
         assert 1 <= len(g.token_ids) <= 16
         assert len(g.token_ids) == 16 or g.token_ids[-1] in bf16.eos_ids, g.finish_reason
+
+
+def test_a_qwen3_models_static_steps_on_cuda_decode_as_its_own_forward(model_dir, tmp_path):
+    """Qwen3's query and key norms, normalised and rotated together in the captured steps, and its attention through
+    scaled_dot_product_attention on CUDA: in float32 the plain loop's greedy tokens and log-probs."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ziprl.config import SamplingConfig
+    from ziprl.learner.sft import chat_prompt_ids
+    from ziprl.policy import HFEngine, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                 tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    static, plain = HFEngine(tmp_path, device="cuda"), HFEngine(tmp_path, device="cuda", static_decode=False)
+    assert static.static_decode is not None
+    base = chat_prompt_ids(tokenizer, [{"role": "user", "content": "who wrote the book"}])
+    prompts = [base, base[:5], base + base[:7]]
+    greedy = SamplingConfig(greedy=True, max_new_tokens=24, stop=[])
+    want, got = plain.generate(prompts, greedy), static.generate(prompts, greedy)
+    assert static.static_decode.captures >= 1
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
 
 
 def test_a_rollout_job_on_its_own_stream_beside_the_learners_work_generates_what_it_generates_alone(model_dir):
