@@ -6,9 +6,10 @@ ceiling (benchmarks/engine_throughput.py measures tokens/s on the GPU itself). T
 compute (views excluded) which one step of each dispatches on ``--device``, at each ``--arch`` shape (gpu_step.py's
 shapes, random weights, a 1024-token vocabulary: the count does not depend on it), from models of one and of two
 decoder layers: the difference is one layer's (``ops_per_layer``), and ``ops_per_step`` is the step at the
-architecture's own depth. Operations are counted as torch dispatches them before any decomposition, so
-``torch.rms_norm``, ``linear`` and ``scaled_dot_product_attention`` count one each (one kernel or fused call each on
-CUDA). The count depends on neither the rows nor the span, which only size each operation.
+architecture's own depth. Operations are counted as torch dispatches them in inference mode (as the engine runs),
+before any decomposition, so ``torch.rms_norm``, ``linear`` and ``scaled_dot_product_attention`` count one each (one
+kernel or fused call each on CUDA). The count depends on neither the rows nor the span, which only size each
+operation.
 
     python benchmarks/decode_ops.py [--arch smollm2-135m,qwen3-1.7b] [--rows 8] [--span 256] [--device cpu]
                                     [--name decode_ops]
@@ -93,17 +94,21 @@ def measure(arch: str, rows: int, span: int, device: str) -> list[dict]:
     """Rows of ops per layer, fixed and per step for the static step and the transformers forward at ``arch``."""
     one, two = (step_ops(arch, n, rows, span, device) for n in (1, 2))
     depth = ARCHS[arch][1]["num_hidden_layers"]
-    at_depth = lambda a, b: a - (b - a) + depth * (b - a)  # noqa: E731  (one layer's a, two layers' b)
     rows_out = []
     for loop in ("static", "plain"):
         layer_ops = collections.Counter(two[loop])
         layer_ops.subtract(one[loop])
         rows_out.append({"arch": arch, "loop": loop, "device": device, "rows": rows, "span": span, "layers": depth,
                          "ops_per_layer": len(two[loop]) - len(one[loop]),
-                         "ops_per_step": at_depth(len(one[loop]), len(two[loop])),
+                         "ops_per_step": at_depth(len(one[loop]), len(two[loop]), depth),
                          "layer_ops": ", ".join(f"{name.removeprefix('aten.')} x{n}"
                                                 for name, n in layer_ops.most_common() if n)})
     return rows_out
+
+
+def at_depth(one: int, two: int, depth: int) -> int:
+    """A step's count at ``depth`` layers from its counts at one and two: the fixed part plus ``depth`` layers'."""
+    return one - (two - one) + depth * (two - one)
 
 
 def main() -> int:
@@ -111,9 +116,13 @@ def main() -> int:
     ap.add_argument("--arch", default="smollm2-135m,qwen3-1.7b", help=f"comma-separated shapes of {', '.join(ARCHS)}")
     ap.add_argument("--rows", type=int, default=8, help="rows decoded at once")
     ap.add_argument("--span", type=int, default=256, help="cached positions the step attends to")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the steps run")
     ap.add_argument("--name", type=results_name, default="decode_ops", help="results file name")
     args = ap.parse_args()
+    if args.rows < 1 or args.span < 1:
+        ap.error("--rows and --span must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu")
     if unknown_archs(args.arch, "decode_ops"):
         return 2
     rows = [r for arch in args.arch.split(",") for r in measure(arch, args.rows, args.span, args.device)]

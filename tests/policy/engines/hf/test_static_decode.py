@@ -319,3 +319,18 @@ def test_the_op_count_benchmark_counts_a_static_step_and_a_transformers_one(monk
     assert plain["ops_per_layer"] > static["ops_per_layer"]
     assert "linear.default x7" in plain["layer_ops"]  # q, k, v, o, gate, up, down
     assert static["ops_per_step"] < plain["ops_per_step"]
+
+
+@pytest.mark.parametrize("argv", [["--rows", "0"], ["--span", "-1"], ["--arch", "nope"]]
+                         + ([] if torch.cuda.is_available() else [["--device", "cuda"]]))
+def test_the_op_count_benchmark_refuses_bad_input_with_exit_2(monkeypatch, argv):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import decode_ops
+
+    monkeypatch.setattr("sys.argv", ["decode_ops.py", *argv, "--name", "never_written"])
+    try:
+        code = decode_ops.main()
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert not (REPO / "benchmarks" / "results" / "never_written.json").exists()
