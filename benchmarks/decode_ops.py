@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import results_name, write_results  # noqa: E402
-from gpu_step import ARCHS, unknown_archs  # noqa: E402
+from gpu_step import ARCHS, arch_config, unknown_archs  # noqa: E402
 
 
 class OpCount(TorchDispatchMode):
@@ -58,13 +58,11 @@ def model_of(arch: str, layers: int, device: str):
     rollout's dtype, whose casts a float32 model would skip)."""
     import transformers
 
-    cls_name, shape = ARCHS[arch]
-    config = getattr(transformers, cls_name)(**{**shape, "num_hidden_layers": layers, "vocab_size": 1024},
-                                            tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
+    config = arch_config(arch, num_hidden_layers=layers, vocab_size=1024, pad_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                              attn_implementation="sdpa")
     return model.eval()
 
 

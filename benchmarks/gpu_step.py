@@ -71,15 +71,22 @@ PARTS = ("forward_seconds", "reference_seconds", "backward_seconds", "optimizer_
          "passes", "gemm_peak_tflops", "computed_tokens", "trained_tokens")
 
 
+def arch_config(arch: str, **overrides):
+    """The transformers config of ``arch`` (tied embeddings), its fields replaced by ``overrides``."""
+    import transformers
+
+    cls_name, shape = ARCHS[arch]
+    return getattr(transformers, cls_name)(**{**shape, "tie_word_embeddings": True, **overrides})
+
+
 def build_model(arch: str, tokenizer, out: Path, device: str = "cuda") -> Path:
     """A random-initialised ``arch`` (tied embeddings, bf16 on disk; built on ``device``) with ``tokenizer``, saved to
     ``out``."""
     import torch
     import transformers
 
-    cls_name, shape = ARCHS[arch]
-    config = getattr(transformers, cls_name)(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = arch_config(arch, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
