@@ -4,10 +4,12 @@
 #   1. scripts/gpu_check.sh                                        OUT/gpu_check/report.md
 #   2. benchmarks/engine_throughput.py --arch smollm2-135m,qwen3-1.7b: static decode's prefill and decode
 #      tokens/s beside the memory-bound ceilings                   engine_throughput_TAG
-#   3. benchmarks/gpu_async.py --modes split,off: two processes on one GPU against sequential (thread was
+#   3. benchmarks/decode_ops.py --time at 64 rows and 1,152 positions: one captured step's milliseconds against
+#      its memory-bound floor, and the kernels it spends them in   decode_ops_TAG
+#   4. benchmarks/gpu_async.py --modes split,off: two processes on one GPU against sequential (thread was
 #      measured: gpu_async_h200.md); split first, so a cut keeps it
 #                                                                  gpu_async_TAG_split
-#   4. benchmarks/gpu_async.py --arch qwen3-1.7b --modes off: the learner's MFU in ziprl.train at 1.7B
+#   5. benchmarks/gpu_async.py --arch qwen3-1.7b --modes off: the learner's MFU in ziprl.train at 1.7B
 #                                                                  gpu_async_TAG_1p7b
 # Each step runs under its share of --minutes; a step cut short keeps what its benchmark wrote. Every file written
 # ends up in OUT/results.tgz (the machine sends back a few files per command).
@@ -50,9 +52,12 @@ engine_throughput() {
   "$PY" benchmarks/engine_throughput.py --arch smollm2-135m,qwen3-1.7b --rows 64 --prompt-tokens 1024 --new-tokens 128 \
     --repeats 2 --name "engine_throughput_$TAG"
 }
+decode_ops() {
+  "$PY" benchmarks/decode_ops.py --device cuda --time --rows 64 --span 1152 --name "decode_ops_$TAG"
+}
 gpu_async() { "$PY" benchmarks/gpu_async.py --modes split,off --steps 4 --name "gpu_async_${TAG}_split"; }
 gpu_async_1p7b() { "$PY" benchmarks/gpu_async.py --arch qwen3-1.7b --modes off --steps 3 --name "gpu_async_${TAG}_1p7b"; }
-STEPS=(gpu_check:15 engine_throughput:20 gpu_async:35 gpu_async_1p7b:30)  # step: its share of TOTAL, in percent
+STEPS=(gpu_check:11 engine_throughput:20 decode_ops:7 gpu_async:32 gpu_async_1p7b:30)  # step: its share of TOTAL, in percent
 if [ "$DRY" = 1 ]; then
   echo "gpu_round plan (dry run), within $MINUTES minutes, files into $DEST/results.tgz:"
   for step in "${STEPS[@]}"; do
@@ -67,7 +72,7 @@ fi
 [ -d "$STORE/site" ] || die "no $STORE/site: install the payload first (scripts/gpu_learn.sh --piece LAST --sha256 HEX --install-only)"
 mkdir -p "$DEST/results" || die "cannot create $DEST"
 export PYTHONPATH="$STORE/site:$PWD" ZIPRL_DATA="$STORE/data" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PY DEST TAG
-export -f gpu_check engine_throughput gpu_async gpu_async_1p7b
+export -f gpu_check engine_throughput decode_ops gpu_async gpu_async_1p7b
 stamp=$DEST/.started
 touch "$stamp"
 for step in "${STEPS[@]}"; do

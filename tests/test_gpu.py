@@ -147,6 +147,18 @@ def test_a_qwen3_models_static_steps_on_cuda_decode_as_its_own_forward(model_dir
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
 
 
+def test_the_decode_step_timing_replays_one_graph_and_profiles_its_kernels(monkeypatch):
+    """benchmarks/decode_ops.py --time on CUDA at the tiny shape: the timed steps replay the one graph of their span,
+    and the profiler sees the step's kernels on the device."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import decode_ops
+
+    row = decode_ops.time_step("tiny", rows=4, span=64, device="cuda")
+    assert row["captures"] == 1
+    assert row["busy_ms"] > 0 and row["floor_ms"] > 0 and row["step_ms"] > 0
+    assert row["top_kernels"] and "aten::" not in row["top_kernels"]  # kernels, not operations
+
+
 def test_a_rollout_job_on_its_own_stream_beside_the_learners_work_generates_what_it_generates_alone(model_dir):
     """rollout.overlap=thread on CUDA: an HFEngine captures and replays its static-decode graphs on the job's stream,
     on a thread, while the main thread keeps the default stream busy, synchronises the device and draws from the

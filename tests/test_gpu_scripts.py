@@ -216,13 +216,14 @@ def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
     assert again.returncode == 0 and "no CUDA GPU" in again.stdout  # without --install-only the run comes next
 
 
-def test_the_rounds_plan_shares_its_minutes_among_the_four_measurements(tmp_path):
+def test_the_rounds_plan_shares_its_minutes_among_the_five_measurements(tmp_path):
     done = run(ROUND, "--dry-run", "--minutes", "9", "--tag", "h100", "--out", str(tmp_path / "round"))
     assert done.returncode == 0, done.stderr
     steps = [line.split(" (at most ")[0].strip() for line in done.stdout.splitlines()[1:]]
-    assert steps == ["gpu_check", "engine_throughput", "gpu_async", "gpu_async_1p7b"]
+    assert steps == ["gpu_check", "engine_throughput", "decode_ops", "gpu_async", "gpu_async_1p7b"]
     assert sum(int(line.split("at most ")[1].split(" s")[0]) for line in done.stdout.splitlines()[1:]) <= 9 * 60 - 15
     assert "--modes split,off" in done.stdout
+    assert "decode_ops.py --device cuda --time --rows 64 --span 1152" in done.stdout
     assert '--arch qwen3-1.7b --modes off' in done.stdout
     assert not (tmp_path / "round").exists()
 
@@ -248,7 +249,7 @@ def test_the_round_refuses_an_output_that_holds_files_and_without_cuda_writes_no
 
 
 def test_the_round_runs_its_steps_in_order_and_archives_what_they_wrote(tmp_path):
-    """With a stand-in interpreter that says CUDA is there and echoes each command: the four steps run in order, each
+    """With a stand-in interpreter that says CUDA is there and echoes each command: the five steps run in order, each
     under its limit with its log, and the archive holds the logs and the gpu_check report's files."""
     fake = tmp_path / "python"
     fake.write_text('#!/bin/bash\ncase "$*" in *torch.cuda.is_available*) exit 0 ;; esac\necho "ran: $*"\n')
@@ -259,7 +260,7 @@ def test_the_round_runs_its_steps_in_order_and_archives_what_they_wrote(tmp_path
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": str(fake)})
     assert done.returncode == 0, done.stderr
     started = [line.split()[2] for line in done.stdout.splitlines() if "(at most" in line]
-    assert started == ["gpu_check", "engine_throughput", "gpu_async", "gpu_async_1p7b"]
+    assert started == ["gpu_check", "engine_throughput", "decode_ops", "gpu_async", "gpu_async_1p7b"]
     assert "ran: benchmarks/gpu_async.py --arch qwen3-1.7b --modes off" in (out / "gpu_async_1p7b.log").read_text()
     with tarfile.open(out / "results.tgz") as tar:
         names = set(tar.getnames())

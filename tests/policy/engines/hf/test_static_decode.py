@@ -321,6 +321,25 @@ def test_the_op_count_benchmark_counts_a_static_step_and_a_transformers_one(monk
     assert static["ops_per_step"] < plain["ops_per_step"]
 
 
+def test_the_op_count_benchmark_times_a_step_against_its_memory_bound_floor(monkeypatch):
+    """decode_ops --time at the tiny shape on a CPU: the engine's decode loop runs its steps eagerly (no graph) at one
+    span, rounded up to the position chunk with room for the timed steps; the floor is the weights and the attended
+    KV cache read once, and the profile names the operations the step spends its time in."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import decode_ops
+
+    row = decode_ops.time_step("tiny", rows=3, span=20, device="cpu")
+    assert (row["loop"], row["span"], row["layers"], row["captures"]) == ("static", POSITION_CHUNK, 2, 0)
+    config = decode_ops.arch_config("tiny")
+    kv = 3 * POSITION_CHUNK * 2 * 2 * config.num_key_value_heads * config.head_dim * 2  # rows, span, layers, k+v, bf16
+    assert row["kv_gb"] == pytest.approx(kv / 1e9)
+    assert row["weight_gb"] > 2 * config.vocab_size * config.hidden_size / 1e9  # the tied embedding at least
+    assert row["floor_ms"] > 0 and row["step_ms"] > 0 and row["busy_ms"] > 0
+    assert row["step_over_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"])
+    assert row["tok_s"] == pytest.approx(3e3 / row["step_ms"])
+    assert "aten::mm" in row["top_kernels"]
+
+
 @pytest.mark.parametrize("argv", [["--rows", "0"], ["--span", "-1"], ["--arch", "nope"]]
                          + ([] if torch.cuda.is_available() else [["--device", "cuda"]]))
 def test_the_op_count_benchmark_refuses_bad_input_with_exit_2(monkeypatch, argv):
