@@ -17,9 +17,14 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from ziprl.outputs import OutputError, locked, work_dir
+from ziprl.boundary import not_utf8
+from ziprl.outputs import OutputError, locked, printable, work_dir
 from ziprl.paths import atomic_write_text
 from ziprl.policy.cpu.isa import cpu_flags
+
+if not_utf8(sys.argv[1:]):  # every benchmark imports this first: refused before any work, as ZipRL's commands are
+    print(f"error: {not_utf8(sys.argv[1:])}", file=sys.stderr)
+    raise SystemExit(2)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a results name: files in RESULTS, never a path
@@ -76,8 +81,10 @@ def machine() -> dict[str, str | int | list[str] | None]:
 
 
 def command_line() -> str:
-    """How this process was started, paths as :func:`portable` writes them."""
-    return shlex.join(["python", *[portable(a) if a.startswith(("/", "~")) else a for a in sys.argv]])
+    """How this process was started (``bash`` for a shell script's, which names itself in ``sys.argv[0]``), paths as
+    :func:`portable` writes them, bytes that are not UTF-8 escaped."""
+    shell = "bash" if sys.argv[0].endswith(".sh") else "python"
+    return shlex.join([shell, *[printable(portable(a) if a.startswith(("/", "~")) else a) for a in sys.argv]])
 
 
 def provenance(config: str | Path | dict | None = None) -> dict:
@@ -116,12 +123,13 @@ def portable(path: str | Path | None) -> str | None:
 
 
 def in_work_dir(path: str | Path, body: Callable[[Path], None], what: str = "",
-                check: Callable[[Path], None] | None = None) -> int:
-    """``body(out)`` in the benchmark working directory ``path`` (new, empty or one a benchmark marked; held while
-    ``body`` runs, so a second benchmark there is refused naming the first); 2, with one ``error:`` line starting
-    with ``what``, when it cannot be used or ``check(out)`` (before anything is written there) refuses it."""
+                check: Callable[[Path], None] | None = None, kind: str = "bench") -> int:
+    """``body(out)`` in the benchmark working directory ``path`` (new, empty or one marked with ``kind``: "bench" for
+    learning.py's, which learning_compare.py shares; held while ``body`` runs, so a second benchmark there is refused
+    naming the first); 2, with one ``error:`` line starting with ``what``, when it cannot be used or ``check(out)``
+    (before anything is written there) refuses it."""
     try:
-        out = work_dir(path, "bench")
+        out = work_dir(path, kind)
         if check is not None:
             check(out)
         with locked(out):
@@ -130,6 +138,35 @@ def in_work_dir(path: str | Path, body: Callable[[Path], None], what: str = "",
         print(f"error: {what}{exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def at_least(low: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse ``type``: a ``kind`` (int or float) of at least ``low``, checked when the arguments are parsed
+    (so a bad value exits 2 before any work); nan is refused."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {'an integer' if kind is int else 'a number'}"
+                                             ) from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at least {low}")
+        return value
+
+    return parse
+
+
+def listed(item: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse ``type``: comma-separated values, each parsed by ``item`` (e.g. ``at_least(1)``), at least one."""
+
+    def parse(text: str) -> list:
+        values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give at least one comma-separated value")
+        return values
+
+    return parse
 
 
 def results_name(name: str) -> str:

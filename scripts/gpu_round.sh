@@ -34,9 +34,10 @@ while [ $# -gt 0 ]; do
     --store) [ -n "${2:-}" ] || die "--store needs a directory"; STORE=$(abs "$2"); shift 2 ;;
     --out) [ -n "${2:-}" ] || die "--out needs a directory"; DEST=$(abs "$2"); shift 2 ;;
     --tag) [[ ${2:-} =~ ^[a-z0-9_]+$ ]] || die "--tag needs lower-case letters, digits or _"; TAG=$2; shift 2 ;;
-    --minutes) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--minutes needs a positive integer"; MINUTES=$2; shift 2 ;;
+    --minutes) [[ ${2:-} =~ ^[1-9][0-9]{0,2}$ ]] && [ "$2" -le 600 ] || die "--minutes needs a positive integer (at most 600)"
+               MINUTES=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '15p' "$0" | sed 's/^#  *//'; exit 0 ;;
+    -h|--help) grep -m1 '^#   scripts/gpu_round.sh' "$0" | sed 's/^#  *//'; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
 done

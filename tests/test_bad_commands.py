@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ziprl.paths import atomic_write_text
 from ziprl.testing.adversarial_commands import ROWS, doc_rows
 from ziprl.testing.commands import CASES, COMMANDS, make_files, run_case, shown
 
@@ -73,7 +74,7 @@ def write_doc() -> None:
               "run marker is a directory, datasets with a JSON array, a lone surrogate or a one-megabyte question, ...). "
               "Each exits 2 with one `error:` line, and every file that was there keeps its bytes, with nothing added.",
               "", "| input | command | exit | message |", "|---|---|---|---|"]
-    DOC.write_text("\n".join(head + rows + second + doc_rows()) + "\n", encoding="utf-8")
+    atomic_write_text(DOC, "\n".join(head + rows + second + doc_rows()) + "\n")
 
 
 if __name__ == "__main__":

@@ -191,3 +191,37 @@ def test_files_write_results_did_not_write_are_refused(common, results, name, te
     with pytest.raises(argparse.ArgumentTypeError, match="hold files no benchmark wrote"):
         common.results_name(Path(name).stem)
     assert (results / name).read_text() == text
+
+
+def test_an_argument_that_is_not_utf8_exits_2_before_any_benchmark_work(tmp_path):
+    """Bytes that are not UTF-8 (a path no result, marker or Parquet file could record) are refused when _common is
+    imported, which every benchmark does first: nothing is written."""
+    proc = subprocess.run([sys.executable.encode(), str(BENCH / "checkpoint_write.py").encode(), b"--dir",
+                           str(tmp_path).encode() + b"/\xff"], capture_output=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip().endswith("is not UTF-8 text; nothing was done: give paths and text in UTF-8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_lines_with_bytes_that_are_not_utf8_are_recorded_escaped(common, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/decode_ops.py", "--name", "a\udcffb"])
+    assert common.command_line() == "python benchmarks/decode_ops.py --name 'a\\xffb'"
+    monkeypatch.setattr(sys, "argv", ["scripts/gpu_learn.sh", "--minutes", "9"])
+    assert common.command_line() == "bash scripts/gpu_learn.sh --minutes 9"
+
+
+def test_number_and_list_argument_types_exit_2_at_parse_time(common, capsys):
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=common.at_least(1))
+    ap.add_argument("--x", type=common.at_least(0.0, float))
+    ap.add_argument("--ns", type=common.listed(common.at_least(0)))
+    assert vars(ap.parse_args(["--n", "3", "--x", "0.5", "--ns", "0, 2,"])) == {"n": 3, "x": 0.5, "ns": [0, 2]}
+    for argv, message in ((["--n", "0"], "'0': must be at least 1"), (["--n", "x"], "'x' is not an integer"),
+                          (["--x", "nan"], "'nan': must be at least 0.0"), (["--ns", "1,a"], "'a' is not an integer"),
+                          (["--ns", ","], "give at least one comma-separated value")):
+        with pytest.raises(SystemExit) as exc:
+            ap.parse_args(argv)
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err

@@ -149,6 +149,22 @@ def test_debug_shows_the_traceback(tmp_path):
         eval_cmd.main(["--dataset", "nosuchset", "--debug"])
 
 
+def test_an_argument_that_is_not_utf8_is_refused_before_the_command_runs(capsys):
+    """Bytes that are not UTF-8 (Python's lone surrogates) could be written into no marker, result or Parquet path:
+    one line naming the argument, exit 2, and the command never starts."""
+    ran = []
+
+    @run_command
+    def command(argv):
+        ran.append(argv)
+
+    assert command(["--out", "runs/\udcffx"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: argument 2 ('runs/\\xffx') is not UTF-8 text; nothing was done: give paths and text in UTF-8\n"
+    assert ran == []
+    assert command(["--out", "runs/\u00e9\U0001f600"]) == 0 and ran == [["--out", "runs/\u00e9\U0001f600"]]
+
+
 def test_a_bug_is_exit_1_and_one_line(capsys):
     @run_command
     def broken(argv):

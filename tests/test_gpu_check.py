@@ -33,6 +33,18 @@ def test_gpu_check_without_a_gpu_has_nothing_to_do(tmp_path):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_help_prints_the_usage_and_an_option_or_a_second_argument_is_refused(tmp_path):
+    """Only one argument, the report's path: ``--help`` is not taken for a report (nothing written in the caller's
+    directory), an unknown option or a second path exits 2 with one line."""
+    done = check("--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("scripts/gpu_check.sh [REPORT.md]"), done.stdout
+    for args, message in ((["--frobnicate"], "unknown option --frobnicate"),
+                          ([str(tmp_path / "a.md"), str(tmp_path / "b.md")], "one argument at most")):
+        done = check(*args, cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", sorted(OURS))
 def test_a_file_the_check_did_not_write_is_refused_and_kept(tmp_path, name):
     """A user's report.md, or pytest.log or gpu_check.xml beside it: exit 2, one line, every file as it was."""

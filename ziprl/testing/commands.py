@@ -14,6 +14,7 @@ import numpy as np
 from ziprl import config
 from ziprl.cli import demos, index, launch, sft, train, watch_teacher
 from ziprl.cli import eval as eval_cmd
+from ziprl.outputs import printable
 from ziprl.view import command as view
 
 COMMANDS = {"ziprl.launch": launch.main, "ziprl.train": train.main, "ziprl.eval": eval_cmd.main,
@@ -201,6 +202,12 @@ CASES = [
     case("ziprl.index", "search non-index directory", "search", "--index", D, "q"),
     case("ziprl.index", "search -k not a number", "search", "--index", f"{D}/noindex", "-k", "x", "q"),
     case("ziprl.index", "search without a query", "search", "--index", f"{D}/noindex"),
+    case("ziprl.index", "search --nprobe negative", "search", "--index", f"{D}/noindex", "--nprobe", "-1", "q"),
+    case("ziprl.index", "search --ef-search negative", "search", "--index", f"{D}/noindex", "--ef-search", "-3", "q"),
+    case("ziprl.index", "search --k-factor negative", "search", "--index", f"{D}/noindex", "--k-factor", "-1", "q"),
+    case("ziprl.index", "search a query that is not UTF-8", "search", "--index", f"{D}/noindex", "q\udcff"),
+    case("ziprl.index", "build into a path that is not UTF-8", "build", "--corpus", f"{D}/good.jsonl", "--out",
+         f"{D}/\udcffidx"),
     case("ziprl.index", "open missing index", "open", "--index", f"{D}/noindex", "doc-1"),
     case("ziprl.view", "missing run directory", f"{D}/norun"),
     case("ziprl.view", "not a trajectory file", f"{D}/notes.txt"),
@@ -233,4 +240,5 @@ def run_case(cmd: str, argv: list[str], d: Path) -> tuple[int, str]:
 
 
 def shown(cmd: str, argv: list[str]) -> str:
-    return f"`python -m {cmd} {' '.join(argv)}`".replace(D, "DIR")
+    """The command line as the doc shows it: DIR for the fixture directory, bytes that are not UTF-8 as ``\\xNN``."""
+    return f"`python -m {cmd} {' '.join(map(printable, argv))}`".replace(D, "DIR")
