@@ -72,6 +72,8 @@ if [ ${#PIECES[@]} -gt 0 ] || [ -n "$SHA" ]; then
     { [ -d "$STORE" ] && [ ! -L "$STORE" ]; } || die "--store $STORE exists and is not a directory; choose a new one"
     [ -f "$MARK" ] || [ -z "$(ls -A "$STORE")" ] \
       || die "--store $STORE holds files this script did not write (no $MARK); nothing was written or deleted: choose a new or empty directory"
+    [ -z "$(find "$STORE" -type l -print -quit)" ] \
+      || die "--store $STORE holds a symbolic link, which this script never writes (a copy or unpack would write through it); nothing was written: choose a new or empty directory"
   fi
 fi
 

@@ -136,6 +136,25 @@ def test_the_committed_steps_results_are_this_scripts_so_a_run_may_replace_them(
     assert _common.command_line() == "bash scripts/gpu_learn.sh --minutes 9"
 
 
+def test_a_link_inside_the_scripts_store_is_refused_before_a_copy_writes_through_it(tmp_path):
+    """A store the script marked, whose pieces/ someone replaced by a link to a directory of theirs: the next piece
+    would be copied into that directory; it is refused and the directory keeps its files."""
+    piece = tmp_path / "part-aa"
+    piece.write_bytes(b"x")
+    store = tmp_path / "store"
+    assert run(LEARN, "--piece", str(piece), "--store", str(store)).returncode == 0
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine\n")
+    for entry in (store / "pieces").iterdir():
+        entry.unlink()
+    (store / "pieces").rmdir()
+    (store / "pieces").symlink_to(theirs)
+    done = run(LEARN, "--piece", str(piece), "--store", str(store))
+    assert done.returncode == 2 and "holds a symbolic link" in done.stderr, done.stderr
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+
+
 def test_relative_pieces_and_store_are_the_callers(tmp_path):
     (tmp_path / "part-aa").write_bytes(b"x")
     done = run(LEARN, "--piece", "part-aa", "--store", "store", cwd=tmp_path)
