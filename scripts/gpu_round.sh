@@ -25,7 +25,8 @@ cd "$(dirname "$0")/.." || exit 1
 die() { echo "gpu_round: $*" >&2; exit 2; }
 abs() { if [[ $1 = /* ]]; then echo "$1"; else echo "$HERE/$1"; fi; }
 STORE=/tmp/ziprl-store
-DEST=${OUT:-runs/gpu_round}
+DEST=$PWD/runs/gpu_round
+[ -z "${OUT:-}" ] || DEST=$(abs "$OUT")  # the device's $OUT; relative: to the caller's directory, as --out
 TAG=h200
 MINUTES=9
 DRY=0
@@ -41,7 +42,6 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument $1" ;;
   esac
 done
-[[ $DEST = /* ]] || DEST=$PWD/$DEST
 if [ -e "$DEST" ] || [ -L "$DEST" ]; then
   { [ -d "$DEST" ] && [ ! -L "$DEST" ] && [ -z "$(ls -A "$DEST")" ]; } \
     || die "--out $DEST exists and is not an empty directory; nothing was written: choose a new one"
