@@ -157,6 +157,21 @@ def at_least(low: float, kind: type = int) -> Callable[[str], float]:
     return parse
 
 
+def model_dir(text: str) -> Path:
+    """An argparse ``type``: a model directory (``config.json`` and safetensors weights), made absolute (a benchmark's
+    runs may start elsewhere)."""
+    from ziprl.policy.models import ModelPathError, validate_model_dir
+
+    path = Path(os.path.realpath(Path(text).expanduser()))
+    if not text.strip() or not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text[:200]!r} is not a directory; pass a model directory (config.json and "
+                                         "*.safetensors, e.g. <ZIPRL_CACHE>/stage1/<key>/model)")
+    try:
+        return validate_model_dir(path)
+    except ModelPathError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def listed(item: Callable[[str], object]) -> Callable[[str], list]:
     """An argparse ``type``: comma-separated values, each parsed by ``item`` (e.g. ``at_least(1)``), at least one."""
 

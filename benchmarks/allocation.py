@@ -25,16 +25,17 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, at_least, listed, write_results  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from ziprl.env.scripted import rank_sentences, relevance_level, select_sentences  # noqa: E402
-from ziprl.retrieval.datasets import load_dataset, shared_file  # noqa: E402
+from ziprl.retrieval.datasets import DatasetError, load_dataset, shared_file  # noqa: E402
 from ziprl.retrieval.sets import hotpotqa, musique  # noqa: E402
 from ziprl.retrieval.sets.pooled import context_paragraphs  # noqa: E402
 from ziprl.scoring import level_spec, normalize_answer  # noqa: E402
@@ -54,8 +55,13 @@ METRICS = ("answer_present", "support_recall", "q_info")
 
 
 def _read(rel: str) -> list[dict]:
-    with gzip.open(shared_file(rel), "rt", encoding="utf-8") as f:
-        return json.load(f)
+    path = shared_file(rel)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"dataset file {path} cannot be read as gzipped JSON ({exc}); replace it with the "
+                           f"release's {rel}") from None
 
 
 def supporting_sentences() -> dict[str, list[str]]:
@@ -184,17 +190,37 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
+def scale(text: str) -> float:
+    """An argparse ``type``: a level scale, a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:  # nan too
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a level scale is a finite number > 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scales", default="0.03,0.05,0.08,0.12,0.2,0.3,0.5", help="adaptive level scales (one budget each)")
-    ap.add_argument("--limit", type=int, default=0, help="questions (0 = all with supporting titles)")
+    ap.add_argument("--scales", type=listed(scale), default=[0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5],
+                    help="comma-separated adaptive level scales (> 0), one budget each")
+    ap.add_argument("--limit", type=at_least(0), default=0, help="questions (0 = all with supporting titles)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from results/allocation.json")
     args = ap.parse_args(argv)
     if args.plot_only:
-        plot(json.loads((RESULTS / "allocation.json").read_text())["rows"], RESULTS / "allocation.png")
+        try:
+            rows = json.loads((RESULTS / "allocation.json").read_text(encoding="utf-8"))["rows"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            ap.exit(2, f"error: --plot-only redraws {RESULTS / 'allocation.json'}, which is missing or not this "
+                       "benchmark's results: run without --plot-only first\n")
+        plot(rows, RESULTS / "allocation.png")
         return 0
-    items = load_items(args.limit)
-    rows = run(items, [float(s) for s in args.scales.split(",")])
+    try:
+        items = load_items(args.limit)
+    except DatasetError as exc:  # input only: nothing is written before the items are read
+        ap.exit(2, f"error: {exc}\n")
+    rows = run(items, args.scales)
     result = verdict(rows)
     meta = {"questions": len(items), "paragraphs": sum(len(it["pool"]) for it in items),
             "sources": sorted({it["source"] for it in items}), "uniform_level_shape": UNIFORM_LEVEL,

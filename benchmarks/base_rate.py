@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, model_dir, results_name, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
@@ -69,21 +69,27 @@ def plot_passes(passes: list[int], group: int, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="the model directory to measure (e.g. the Stage-1 model)")
+    ap.add_argument("--model", type=model_dir, required=True, help="the model directory to measure (e.g. the Stage-1 model)")
     ap.add_argument("--task", choices=sorted(CONFIGS), default="invented")
-    ap.add_argument("--questions", type=int, default=32, help="the first N training questions")
-    ap.add_argument("--group", type=int, default=8, help="G, samples per question")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--questions", type=at_least(1), default=32, help="the first N training questions")
+    ap.add_argument("--group", type=at_least(1), default=8, help="G, samples per question")
+    ap.add_argument("--seed", type=at_least(0), default=0, help="the data's sampling seed")
     ap.add_argument("--name", type=results_name, help="results file name (default base_rate_<task>)")
     args = ap.parse_args()
 
+    from ziprl.boundary import UserError
     from ziprl.config import load_config
-    from ziprl.evaluation.harness import load_eval_setup, run_strategy
 
     config = CONFIGS[args.task]
-    cfg = load_config(config, [f"model.path={args.model}", f"data.limit={args.questions}",
-                               f"rollout.group_size={args.group}", f"data.seed={args.seed}",
-                               "rollout.dynamic_sampling=false"])
+    try:  # the arguments only: a bad value or model exits 2 before anything loads
+        cfg = load_config(config, [f"model.path={args.model}", f"data.limit={args.questions}",
+                                   f"rollout.group_size={args.group}", f"data.seed={args.seed}",
+                                   "rollout.dynamic_sampling=false"])
+    except UserError as exc:
+        ap.exit(2, f"error: {exc}\n")
+
+    from ziprl.evaluation.harness import load_eval_setup, run_strategy
+
     t0 = time.perf_counter()
     setup = load_eval_setup(cfg)
     stats, trajs = run_strategy(cfg, cfg.env.strategy, setup, progress=True)

@@ -13,7 +13,9 @@ a new temporary directory beside the results) and removed. Results: benchmarks/r
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, results_name, write_results  # noqa: E402
 
 
 def timed_write(writer, tensors, path: Path) -> float:
@@ -37,20 +39,51 @@ def timed_write(writer, tensors, path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
+def available_gb() -> float | None:
+    """Memory this machine has available now (GB); None where psutil is not installed."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available / 1e9
+
+
+def arguments(argv: list[str] | None) -> tuple[argparse.Namespace, tempfile.TemporaryDirectory]:
+    """The parsed arguments and the new temporary directory the file is written in; argparse's exit (2, with one
+    error line) for bad input, before any work."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gb", type=float, default=1.6)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--pause", type=float, default=15.0)
-    ap.add_argument("--dir", help="where the file is written (default: a new temporary directory)")
-    ap.add_argument("--name", type=results_name, default="checkpoint_write")
+    ap.add_argument("--gb", type=at_least(0.001, float), default=1.6,
+                    help="size of the file written (held in memory as float32 tensors)")
+    ap.add_argument("--rounds", type=at_least(1), default=2, help="writes per writer, alternating")
+    ap.add_argument("--pause", type=at_least(0.0, float), default=15.0, help="seconds to wait before each write")
+    ap.add_argument("--dir", help="an existing writable directory the file is written under (default: a new "
+                                  "temporary directory beside the results)")
+    ap.add_argument("--name", type=results_name, default="checkpoint_write",
+                    help="results name: benchmarks/results/<name>.{json,md}")
     args = ap.parse_args(argv)
-    if args.gb <= 0 or args.rounds < 1 or args.pause < 0:
-        print("checkpoint_write: need --gb > 0, --rounds >= 1 and --pause >= 0", file=sys.stderr)
-        return 2
+    if not math.isfinite(args.pause):
+        ap.error(f"--pause {args.pause}: give a finite number of seconds")
     if args.dir and not Path(args.dir).is_dir():
-        print(f"checkpoint_write: --dir {args.dir} is not a directory; create it or leave --dir out", file=sys.stderr)
-        return 2
+        ap.error(f"--dir {args.dir}: not a directory; create it or leave --dir out")
+    where = Path(args.dir) if args.dir else RESULTS.parent
+    try:  # before the tensors are built: a directory that cannot be written is refused at once
+        tmp = tempfile.TemporaryDirectory(prefix="checkpoint_write-", dir=where)
+    except OSError as exc:
+        ap.error(f"--dir {where}: cannot write there ({exc.strerror}); give a writable directory or leave --dir out")
+    free, memory = shutil.disk_usage(tmp.name).free / 1e9, available_gb()
+    if args.gb * 1.05 > free or (memory is not None and args.gb > memory):
+        tmp.cleanup()
+        room = (f"{where} has {free:.1f} GB free; give a smaller --gb or another --dir" if args.gb * 1.05 > free
+                else f"the tensors are held in memory and {memory:.1f} GB is available; give a smaller --gb")
+        ap.error(f"--gb {args.gb:g}: {room}")
+    return args, tmp
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, tmp = arguments(argv)
+    except SystemExit as exc:  # returned, not raised, to a caller of main (0 after --help)
+        return int(exc.code or 0)
     import torch
     from safetensors.torch import save_file
 
@@ -60,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     tensors = {f"layer{i}": torch.randn(n) for i in range(200)}
     writers = {"direct I/O (write_tensors)": write_tensors, "buffered (safetensors save_file)": save_file}
     seconds: dict[str, list[float]] = {k: [] for k in writers}
-    with tempfile.TemporaryDirectory(prefix="checkpoint_write-", dir=args.dir or RESULTS.parent) as tmp:
-        path = Path(tmp) / "checkpoint.safetensors"
+    with tmp:
+        path = Path(tmp.name) / "checkpoint.safetensors"
         for r in range(args.rounds):
             for name, writer in writers.items():
                 time.sleep(args.pause)

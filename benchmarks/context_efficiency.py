@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, at_least, write_results  # noqa: E402
 
 from ziprl.config import EnvConfig, ModelConfig, RetrieverConfig, SamplingConfig  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
@@ -85,9 +85,9 @@ def real_model_run(turns: int, questions, retriever) -> dict[str, list[tuple[int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--turns", type=int, default=256)
-    ap.add_argument("--real-turns", type=int, default=4)
-    ap.add_argument("--questions", type=int, default=2)
+    ap.add_argument("--turns", type=at_least(1), default=256, help="turns of the scripted run")
+    ap.add_argument("--real-turns", type=at_least(0), default=4, help="turns of the real model's run (0: none)")
+    ap.add_argument("--questions", type=at_least(1), default=2, help="the first N questions of the shipped sample")
     args = ap.parse_args()
     import torch
 

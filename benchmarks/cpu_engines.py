@@ -53,7 +53,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from _common import results_name, write_results
+from _common import at_least, listed, results_name, write_results
 from engine_throughput import QUESTIONS
 
 from ziprl.config import ModelConfig, SamplingConfig
@@ -65,6 +65,8 @@ Rows = list[tuple[list[int], list[float]]]  # per prompt: (tokens up to and incl
 MATCH_TOKENS = 32
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # env caps on torch's kernels
 LLAMACPP_DTYPES = {"llamacpp": "float32", "llamacpp-bf16": "bfloat16", "llamacpp-f16": "float16"}
+CT2_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+MODES = ("greedy", "sample")
 
 
 def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:
@@ -254,6 +256,23 @@ def build(name: str, path: Path, ref: HFEngine, threads: int) -> Candidate:
     raise ValueError(name)
 
 
+def candidate_names() -> tuple[str, ...]:
+    """Every name :func:`build` knows (ct2-<type> for each of CT2_TYPES, with and without -rows)."""
+    ct2 = tuple(f"ct2-{t}{rows}" for t in CT2_TYPES for rows in ("", "-rows"))
+    return (*HF_CANDIDATES, "static-bf16", "static-bf16-compile", *ct2, *LLAMACPP_DTYPES)
+
+
+def one_of(choices: tuple[str, ...]) -> Any:
+    """An argparse ``type`` (with :func:`listed`, an item's): a name among ``choices``."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text[:40]!r}; choose from {', '.join(choices)}")
+        return text
+
+    return parse
+
+
 def skip_reason(name: str) -> str | None:
     """Why ``name`` cannot run here (package missing, compute type unsupported), or None."""
     if name == "hf-f32-fused-avx2" and not cpu_runs(F32_AVX2):
@@ -314,23 +333,27 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return value, time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per candidate, batch and mode")
-    ap.add_argument("--candidates", default="hf,hf-bf16,static-bf16,ct2-int8,ct2-float32,ct2-bfloat16")
-    ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1.0)")
-    ap.add_argument("--threads", type=int, default=0, help="torch and CTranslate2 threads (0 = torch's default)")
+    ap.add_argument("--batches", type=listed(at_least(1)), default="1,8,32", help="comma-separated batch sizes")
+    ap.add_argument("--new-tokens", type=at_least(1), default=64, help="most tokens generated per row")
+    ap.add_argument("--repeats", type=at_least(1), default=3,
+                    help="timed runs per candidate, batch and mode (and timed refreshes per candidate)")
+    ap.add_argument("--candidates", type=listed(one_of(candidate_names())),
+                    default="hf,hf-bf16,static-bf16,ct2-int8,ct2-float32,ct2-bfloat16",
+                    help="comma-separated engines under test (see above)")
+    ap.add_argument("--modes", type=listed(one_of(MODES)), default=",".join(MODES),
+                    help="greedy and/or sample (temperature 1.0)")
+    ap.add_argument("--threads", type=at_least(0), default=0,
+                    help="torch and CTranslate2 threads (0 = torch's default)")
     ap.add_argument("--prompts", default="chat", choices=("chat", "rollout"), help="prompt shape (see above)")
     ap.add_argument("--out", type=results_name, default="cpu_engines", help="results name: benchmarks/results/<out>.{json,md}")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load_start = os.getloadavg()  # what else ran: on a shared machine tokens/s are as fair as this is low
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    batches = [int(b) for b in args.batches.split(",")]
-    modes = args.modes.split(",")
+    batches, modes = list(dict.fromkeys(args.batches)), list(dict.fromkeys(args.modes))
     path = resolve_model_path(ModelConfig())
     ref = HFEngine(path, device="cpu")
     arrays = {n: p.detach().to(torch.float32, copy=True).numpy() for n, p in ref.model.named_parameters()}
@@ -338,7 +361,7 @@ def main() -> None:
     cands: dict[str, Candidate] = {}
     refresh_s: dict[str, float] = {}
     rows: list[dict] = []
-    for name in args.candidates.split(","):
+    for name in dict.fromkeys(args.candidates):
         reason = skip_reason(name)
         if reason:
             print(f"[skip] {name}: {reason}", flush=True)
@@ -405,7 +428,8 @@ def main() -> None:
         "isa_limits": {v: os.environ.get(v) for v in ISA_LIMITS},
         "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()},
         "versions": {m: sys.modules[m].__version__ for m in ("torch", "transformers", "ctranslate2") if m in sys.modules}})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import results_name, write_results  # noqa: E402
+from _common import at_least, listed, results_name, write_results  # noqa: E402
 
 
 def timed_ms(fn, repeats: int, warmup: int = 2) -> float:
@@ -98,13 +98,17 @@ def decode_ms(model_path: str, batch: int, prompt_tokens: int = 800, repeats: in
     return plain, packed, float((after - before).abs().max())
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--seq", type=int, default=1000)
-    ap.add_argument("--name", type=results_name, default="cpu_kernels")
+    ap.add_argument("--threads", type=listed(at_least(1)), default="1,2",
+                    help="comma-separated torch thread counts, each measured in turn")
+    ap.add_argument("--seq", type=at_least(1), default=1000, help="tokens per row of the attention layer")
+    ap.add_argument("--name", type=results_name, default="cpu_kernels",
+                    help="results name: benchmarks/results/<name>.{json,md}")
     args = ap.parse_args(argv)
+    if args.model is not None and not Path(args.model).is_dir():
+        ap.error(f"--model {args.model}: not a directory; give an HF model directory or leave --model out")
 
     import torch
     from torch.nn.attention import SDPBackend
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
 
     model = args.model or str(resolve_model_path(load_config(None, []).model))
     rows = []
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in args.threads:
         torch.set_num_threads(threads)
         for dtype in (torch.bfloat16, torch.float32):
             for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                              "prefill_logits_max_abs_diff": diff if variant != "torch linear" else 0.0})
                 print(rows[-1], flush=True)
     write_results(args.name, rows, {"seq": args.seq, "model": "embedded" if args.model is None else "given"})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

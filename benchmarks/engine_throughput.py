@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import results_name, write_results
+from _common import at_least, results_name, write_results
 from gpu_step import ARCHS, build_model, unknown_archs
 
 from ziprl.config import ModelConfig, SamplingConfig
@@ -202,9 +202,7 @@ def measure_shape(arch: str, rows: int, prompt_tokens: int, new_tokens: int, rep
 
 
 def shapes_main(args: argparse.Namespace) -> int:
-    """``--arch``: :func:`measure_shape` per architecture, results written after each."""
-    if unknown_archs(args.arch, "engine_throughput"):
-        return 2
+    """``--arch`` (checked by :func:`main`): :func:`measure_shape` per architecture, results written after each."""
     device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     meta = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
             "model": "random init at each architecture's shape, SmolLM2 tokenizer"}
@@ -217,20 +215,33 @@ def shapes_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--env-questions", type=int, default=2, help="questions for the env-share rollout (0 skips it)")
+    ap.add_argument("--batch", type=at_least(1), default=8, help="prompts per generate call")
+    ap.add_argument("--new-tokens", type=at_least(1), default=64, help="most tokens generated per row")
+    ap.add_argument("--repeats", type=at_least(1), default=5, help="timed runs per side (with --arch: per loop)")
+    ap.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--env-questions", type=at_least(0), default=2,
+                    help="questions for the env-share rollout (0 skips it)")
     ap.add_argument("--arch", help=f"comma-separated shapes of {', '.join(ARCHS)}: static against plain decode")
-    ap.add_argument("--rows", type=int, default=64, help="--arch: rows of one batch")
-    ap.add_argument("--prompt-tokens", type=int, default=1024, help="--arch: prompt length")
+    ap.add_argument("--rows", type=at_least(1), default=64, help="--arch: rows of one batch")
+    ap.add_argument("--prompt-tokens", type=at_least(1), default=1024, help="--arch: prompt length")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="--arch: auto = CUDA if any")
     ap.add_argument("--name", type=results_name, default="engine_throughput_shapes", help="--arch: results file name")
     ap.add_argument("--tokenizer", help="--arch: a directory holding SmolLM2's tokenizer; default: the embedded model's")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.arch:
+        if unknown_archs(args.arch, "engine_throughput"):
+            return 2
+        if args.device == "cuda" and not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu or auto")
+        if args.tokenizer and not Path(args.tokenizer).is_dir():
+            ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
+                     "--tokenizer out")
+        longest = min(ARCHS[a][1]["max_position_embeddings"] for a in args.arch.split(","))
+        if args.prompt_tokens + args.new_tokens > longest:
+            ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the "
+                     f"{longest} positions of --arch {args.arch}; give fewer tokens")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.arch:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from benchmarks._common import write_results  # noqa: E402
+from benchmarks._common import at_least, write_results  # noqa: E402
 from ziprl.config import EnvConfig, RetrieverConfig  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
 from ziprl.registry import STRATEGIES  # noqa: E402
@@ -33,7 +33,7 @@ EX = QAExample("q", "What is the capital of France?", ["Paris"])
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--turns", type=int, default=100_000)
+    ap.add_argument("--turns", type=at_least(1), default=100_000, help="generated turns to play (at least 1)")
     ap.add_argument("--word-retriever", action="store_true", help="the tests' word retriever instead of FAISS")
     args = ap.parse_args()
     if args.word_retriever:

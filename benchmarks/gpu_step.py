@@ -44,7 +44,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, results_name, write_results  # noqa: E402
 
 ARCHS = {  # name: (transformers config class, its published shape; tiny: a 2-layer smoke-test shape)
     "tiny": ("LlamaConfig", dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -256,21 +256,32 @@ def gpu_setup(prog: str, tokenizer_dir: str | None) -> tuple[object, dict] | Non
     return tokenizer, {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number from 0 to 1."""
+    value = at_least(0.0, float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be between 0 and 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--archs", default="smollm2-135m,qwen3-0.6b,qwen3-1.7b", help=f"of {', '.join(ARCHS)}")
-    ap.add_argument("--questions", type=int, default=8)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=2)
-    ap.add_argument("--prompt-tokens", type=int, default=1024)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--prompt-spread", type=float, default=0.25,
+    ap.add_argument("--archs", default="smollm2-135m,qwen3-0.6b,qwen3-1.7b",
+                    help=f"comma-separated architectures, of {', '.join(ARCHS)}")
+    ap.add_argument("--questions", type=at_least(1), default=8, help="questions (groups) per step")
+    ap.add_argument("--group", type=at_least(1), default=8, help="trajectories per question")
+    ap.add_argument("--turns", type=at_least(1), default=2, help="turns per trajectory")
+    ap.add_argument("--prompt-tokens", type=at_least(1), default=1024, help="longest prompt of a turn, in tokens")
+    ap.add_argument("--new-tokens", type=at_least(1), default=256, help="tokens generated per turn")
+    ap.add_argument("--prompt-spread", type=fraction, default=0.25,
                     help="each row's context up to this fraction shorter, at random (0: every prompt alike)")
-    ap.add_argument("--micro-batch", type=int, default=16, help="learner.micro_batch_turns")
-    ap.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed's bf16 mode needs ZeRO >= 1")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--micro-batch", type=at_least(1), default=16, help="learner.micro_batch_turns")
+    ap.add_argument("--zero-stage", type=int, default=2, choices=(1, 2, 3),
+                    help="DeepSpeed ZeRO stage (its bf16 mode needs ZeRO >= 1)")
+    ap.add_argument("--steps", type=at_least(1), default=2,
+                    help="rollout -> learner -> push steps per architecture (the first warms up)")
     ap.add_argument("--tokenizer", help="a directory holding SmolLM2's tokenizer; default: the embedded model's")
-    ap.add_argument("--name", type=results_name, default="gpu_step")
+    ap.add_argument("--name", type=results_name, default="gpu_step", help="results name: benchmarks/results/<name>.{json,md}")
     ap.add_argument("--set", action="append", default=[], metavar="learner.FIELD=VALUE",
                     help="config overrides on top of the bf16 learner the flags describe")
     ap.add_argument("--profile", action="store_true", help="one more learner step on one group, profiled (see above)")
@@ -278,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if unknown_archs(args.archs, "gpu_step"):
         return 2
+    longest = min(ARCHS[a][1]["max_position_embeddings"] for a in args.archs.split(","))
+    if args.prompt_tokens + args.new_tokens > longest:
+        ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the {longest} "
+                 f"positions of --archs {args.archs}; give fewer tokens")
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
+                 "--tokenizer out")
     from ziprl.config import ConfigError
 
     try:

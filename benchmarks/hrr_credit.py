@@ -30,7 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import results_name, write_results  # noqa: E402
+from _common import at_least, results_name, write_results  # noqa: E402
+
+from ziprl.boundary import UserError, one_line  # noqa: E402
 
 RUN = re.compile(r"w(-?[0-9.]+)_seed(\d+)")  # a learning.py run directory
 
@@ -131,17 +133,36 @@ def cell_rows(w: float, turns: list[ScoredTurn], min_turns: int = 20) -> list[di
     return rows
 
 
-def read_runs(runs: Path, max_step: int | None = None) -> dict[float, dict[int, list[ScoredTurn]]]:
-    """Every run under ``runs`` (``w<w>_seed<s>``): its trained trajectories' scored turns (steps up to ``max_step``,
-    None: all), by w and seed."""
+class TrajectoryFileError(UserError):
+    """A ``step_*.parquet`` under ``--runs`` that is not a trajectory file; the message names it and the fix."""
+
+
+STEP = re.compile(r"step_(\d+)\.parquet")  # a recorded step's trajectories
+
+
+def trajectories(path: Path) -> list:
+    """The trajectories of step file ``path``; TrajectoryFileError, naming it, when it is not one."""
+    import pyarrow as pa
+
     from ziprl.env.trajectory import load_trajectories
 
+    try:
+        return load_trajectories(path)
+    except (OSError, pa.ArrowException, ValueError, TypeError) as exc:  # not Parquet, or not of trajectories
+        raise TrajectoryFileError(f"--runs: {path} is not a trajectory file ({one_line(exc)}); "
+                                  "move it out of the run's trajectories/ directory, or give another --runs") from None
+
+
+def read_runs(runs: Path, max_step: int | None = None) -> dict[float, dict[int, list[ScoredTurn]]]:
+    """Every run under ``runs`` (``w<w>_seed<s>``): its trained trajectories' scored turns (steps up to ``max_step``,
+    None: all), by w and seed; TrajectoryFileError for a step file that is not one."""
     found: dict[float, dict[int, list[ScoredTurn]]] = {}
     for run, match in sorted((p, m) for p in runs.iterdir() if p.is_dir() and (m := RUN.fullmatch(p.name))):
         w, seed = match.groups()
-        turns = [s for f in sorted((run / "trajectories").glob("step_*.parquet"))
-                 if max_step is None or int(f.stem.removeprefix("step_")) <= max_step
-                 for tr in load_trajectories(f) for s in scored_turns(tr.turns)]
+        steps = [(f, int(m[1])) for f in sorted((run / "trajectories").glob("step_*.parquet"))
+                 if (m := STEP.fullmatch(f.name))]
+        turns = [s for f, step in steps if max_step is None or step <= max_step
+                 for tr in trajectories(f) for s in scored_turns(tr.turns)]
         if turns:
             found.setdefault(float(w), {})[int(seed)] = turns
     return found
@@ -150,14 +171,15 @@ def read_runs(runs: Path, max_step: int | None = None) -> dict[float, dict[int, 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, help="a benchmarks/learning.py --out directory")
-    ap.add_argument("--max-step", type=int, default=None, help="read steps up to this one (default: every step), so "
-                                                                 "runs of different lengths compare alike")
+    ap.add_argument("--max-step", type=at_least(1), default=None, help="read steps up to this one (default: every "
+                                                                        "step), so runs of different lengths compare alike")
     ap.add_argument("--name", type=results_name, default="hrr_credit", help="results file prefix")
     args = ap.parse_args(argv)
-    if args.max_step is not None and args.max_step < 1:
-        ap.exit(2, f"error: --max-step must be >= 1, got {args.max_step}\n")
     runs = Path(args.runs)
-    found = read_runs(runs, args.max_step) if runs.is_dir() else {}
+    try:  # reads every input before anything is written
+        found = read_runs(runs, args.max_step) if runs.is_dir() else {}
+    except TrajectoryFileError as exc:
+        ap.exit(2, f"error: {exc}\n")
     if not found:
         ap.exit(2, f"error: --runs {runs}: no w<w>_seed<s>/trajectories/step_*.parquet there; give the --out "
                    "directory of a benchmarks/learning.py run\n")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import at_least, write_results  # noqa: E402
 
 from ziprl.retrieval.corpus import load_corpus, write_corpus  # noqa: E402
 from ziprl.retrieval.datasets import corpus_for  # noqa: E402
@@ -63,10 +63,11 @@ def measure(n: int = 1000, repeats: int = 3, index_type: str = "flat", batch_siz
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1000, help="passages (from the shipped sample corpus)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--index", nargs="+", default=["flat"], choices=["flat", "hnsw"])
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--n", type=at_least(1), default=1000,
+                    help="passages (the first n of the shipped sample corpus, or all of it)")
+    ap.add_argument("--repeats", type=at_least(1), default=3, help="timed runs per side, order alternating")
+    ap.add_argument("--index", nargs="+", default=["flat"], choices=["flat", "hnsw"], help="FAISS index types built")
+    ap.add_argument("--batch-size", type=at_least(1), default=64, help="encoder batch size")
     args = ap.parse_args(argv)
     encoder = Encoder(batch_size=args.batch_size)
     full = [measure(args.n, args.repeats, t, args.batch_size, encoder) for t in args.index]

@@ -29,8 +29,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import portable, results_name, write_results  # noqa: E402
+from _common import at_least, model_dir, portable, results_name, write_results  # noqa: E402
 
+from ziprl.boundary import UserError, one_line  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,21 +96,39 @@ def measure(path: Path, trainer, groups_kept: int, reps: int) -> list[dict]:
     return out
 
 
+def not_trajectories(path: Path) -> str | None:
+    """Why ``path`` is not a trajectory file ``ziprl.train`` recorded; None when it is one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ziprl.env.trajectory import readable
+
+    if not path.is_file():
+        return "no such file"
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        return f"not a Parquet file ({one_line(exc)})"
+    return None if readable(schema) else "a Parquet file, but not of trajectories"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trajectories", nargs="+", type=Path, required=True,
                     help="recorded steps: RUN/trajectories/step_NNNNNN.parquet")
-    ap.add_argument("--config", default=str(REPO / "configs" / "learn-invented.yaml"))
-    ap.add_argument("--model", help="model directory (default: the embedded model)")
-    ap.add_argument("--groups", type=int, default=0, help="each file's first N groups (0: all)")
-    ap.add_argument("--reps", type=int, default=3, help="timed steps per layout and file, after one warm-up each")
+    ap.add_argument("--config", default=str(REPO / "configs" / "learn-invented.yaml"), help="the learner's settings")
+    ap.add_argument("--model", type=model_dir, help="model directory (default: the embedded model)")
+    ap.add_argument("--groups", type=at_least(0), default=0, help="each file's first N groups (0: all)")
+    ap.add_argument("--reps", type=at_least(1), default=3, help="timed steps per layout and file, after one warm-up each")
     ap.add_argument("--name", type=results_name, default="learner_packing")
     args = ap.parse_args()
-    if args.reps < 1 or args.groups < 0:
-        ap.error("--reps must be >= 1 and --groups >= 0")
-    if missing := [str(p) for p in args.trajectories if not p.is_file()]:
-        ap.error(f"no such trajectory file(s): {', '.join(missing)} (a run writes them under RUN/trajectories/)")
-    cfg = load_config(args.config)
+    if bad := [f"{p} ({why})" for p in args.trajectories if (why := not_trajectories(p))]:
+        ap.error(f"--trajectories: not a trajectory file: {', '.join(bad)}; pass the step files a run writes under "
+                 "RUN/trajectories/")
+    try:  # the config is checked before the learner starts (the model when the arguments are parsed)
+        cfg = load_config(args.config)
+    except UserError as exc:
+        ap.exit(2, f"error: --config: {exc}\n")
     if cfg.learner.pack_rows is False:
         ap.error(f"{args.config} sets learner.pack_rows=false: give a config that lets the learner pack")
     cfg.model.device = "cpu"

@@ -60,10 +60,19 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, in_work_dir, portable, results_name, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    at_least,
+    in_work_dir,
+    listed,
+    model_dir,
+    portable,
+    results_name,
+    write_results,
+)
 from learning_stats import Interval, bootstrap, goal_rows, interval_row  # noqa: E402
 
-from ziprl.boundary import UserError  # noqa: E402
+from ziprl.boundary import UserError, one_line  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 from ziprl.outputs import locked  # noqa: E402
 from ziprl.paths import atomic_write_json, file_sha256, not_a_file  # noqa: E402
@@ -130,17 +139,24 @@ def stage1(config: Path | None, overrides: list[str]) -> Path:
 # ------------------------------------------------------------------ questions
 
 
-def split_questions(task: str, out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
-    """Training and held-out question files of ``task`` under ``out`` (unified JSONL; no held-out id or question
-    text among the training ones), and the corpus both search."""
-    from ziprl.retrieval.datasets import corpus_for, load_dataset, write_qa_jsonl
+def task_questions(task: str) -> tuple[list, list]:
+    """The training and the held-out questions of ``task`` (loaded and checked; nothing is written)."""
+    from ziprl.retrieval.datasets import load_dataset
 
     if task == "real":
         pooled = load_dataset("pooled")
         dev = [ex for ex in pooled if ex.source == "hotpotqa-dev-distractor"]
-        train, held_out, corpus = pooled, [dev[i] for i in HELD_OUT], corpus_for("pooled")
-    else:
-        train, held_out, corpus = load_dataset("invented"), load_dataset("invented-heldout"), corpus_for("invented")
+        return pooled, [dev[i] for i in HELD_OUT]
+    return load_dataset("invented"), load_dataset("invented-heldout")
+
+
+def split_questions(task: str, out: Path, eval_limit: int) -> tuple[Path, Path, Path]:
+    """Training and held-out question files of ``task`` under ``out`` (unified JSONL; no held-out id or question
+    text among the training ones), and the corpus both search."""
+    from ziprl.retrieval.datasets import corpus_for, write_qa_jsonl
+
+    train, held_out = task_questions(task)
+    corpus = corpus_for("pooled" if task == "real" else "invented")
     if eval_limit > len(held_out):
         raise SystemExit(f"--eval-limit {eval_limit}: task {task} holds {len(held_out)} held-out questions")
     held_out = held_out[:eval_limit]
@@ -574,22 +590,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="Stage 1 from 100 demonstrations, seed 0, w = 0.2 only, 3 "
                     "steps, one greedy sample per held-out question, evaluated at its last step")
     ap.add_argument("--config", help="default: the task's (configs/learn-invented.yaml, configs/learn-cpu.yaml)")
-    ap.add_argument("--seeds", help="default: 0,1,2 (0 with --quick)")
+    ap.add_argument("--seeds", type=listed(at_least(0)), help="default: 0,1,2 (0 with --quick)")
     ap.add_argument("--weights", help="the arms' HRR weights w, one run per seed each; issue 47's goals are judged "
                     "on w = 0.2, the default recipe, when it is among them (default: 0,0.2; 0.2 with --quick)")
-    ap.add_argument("--steps", type=int, help="RL steps per run (default: the config's learner.steps; 3 with --quick)")
+    ap.add_argument("--steps", type=at_least(1), help="RL steps per run (default: the config's learner.steps; 3 "
+                    "with --quick)")
     ap.add_argument("--demos", type=int, help="demonstration episodes Stage 1 learns from, 0 for all (default: the "
                     "config's demos.limit; 100 with --quick)")
-    ap.add_argument("--eval-every", type=int, help="evaluate every K-th step's checkpoint (default: half the steps; "
-                    "with --quick, the last)")
-    ap.add_argument("--eval-limit", type=int, default=100, help="the first N held-out questions")
+    ap.add_argument("--eval-every", type=at_least(1), help="evaluate every K-th step's checkpoint (default: half the "
+                    "steps; with --quick, the last)")
+    ap.add_argument("--eval-limit", type=at_least(1), default=100, help="the first N held-out questions")
     samples = ap.add_mutually_exclusive_group()
-    samples.add_argument("--eval-samples", type=int, help="seeded samples per held-out question (default: 2; with "
-                         "--quick one greedy sample)")
+    samples.add_argument("--eval-samples", type=at_least(1), help="seeded samples per held-out question (default: 2; "
+                         "with --quick one greedy sample)")
     samples.add_argument("--greedy", action="store_true", help="one greedy sample per held-out question instead")
-    ap.add_argument("--stage1-model", help="skip Stage 1 and start RL from this model directory")
+    ap.add_argument("--stage1-model", type=model_dir, help="skip Stage 1 and start RL from this model directory")
     ap.add_argument("--out", help="runs and evaluations (default: runs/learning-<task>[-quick])")
-    ap.add_argument("--workers", type=int, default=2, help="processes at a time (one torch thread each)")
+    ap.add_argument("--workers", type=at_least(1), default=2, help="processes at a time (one torch thread each)")
     ap.add_argument("--stage1-only", action="store_true", help="build (or find) the Stage-1 model and stop")
     ap.add_argument("--name", type=results_name, help="results file prefix under benchmarks/results/ (default: learning_<task>, "
                     "+ _quick with --quick; a partial run under another name leaves the full run's results alone)")
@@ -600,7 +617,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.config = Path(args.config or TASKS[args.task])
     args.out = Path(args.out or REPO / "runs" / (f"learning-{args.task}" + ("-quick" if args.quick else "")))
-    args.seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    if len(set(args.seeds)) != len(args.seeds):
+        ap.error(f"--seeds {','.join(map(str, args.seeds))}: give each seed once")
     given = args.weights
     try:
         args.weights = tuple(float(w) for w in given.split(",")) if given else QUICK_WEIGHTS if args.quick else WEIGHTS
@@ -617,21 +636,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.greedy = args.greedy or (args.quick and args.eval_samples is None)
     args.eval_samples = 1 if args.greedy else args.eval_samples or 2
     if args.quick:
-        args.steps = args.steps or QUICK_STEPS
+        args.steps = QUICK_STEPS if args.steps is None else args.steps
         args.demos = QUICK_DEMOS if args.demos is None else args.demos
     if args.demos is not None and args.demos < 0:
         ap.error(f"--demos {args.demos}: give a number of demonstration episodes, or 0 for all")
-    if args.eval_limit < 1 or args.eval_samples < 1:
-        ap.error("--eval-limit and --eval-samples must be >= 1")
     for o in args.set:
         key = o.partition("=")[0].strip()
         if key in OWNED:
             ap.error(f"--set {o}: the benchmark sets {key} for each run" + (f"; use {OWNED[key]}" if OWNED[key] else ""))
     try:
-        load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set)
     except (UserError, OSError) as exc:
         ap.error(f"--set / --config: {exc}")
+    for w in args.weights:
+        try:
+            load_config(args.config, [*args.set, f"learner.hrr_weight={w}"])
+        except UserError as exc:
+            ap.error(f"--weights {given}: {exc}")
+    try:  # every run's and evaluation's settings as run() gives them, checked now, not in a worker process
+        steps = cfg.learner.steps if args.steps is None else args.steps
+        every = args.eval_every or (steps if args.quick else max(1, steps // 2))
+        for w in args.weights:
+            for s in args.seeds:
+                load_config(args.config, [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"]),
+                                          f"learner.hrr_weight={w}", f"learner.seed={s}", f"data.seed={s}",
+                                          f"learner.steps={steps}", f"run.checkpoint_every={every}",
+                                          "run.keep_checkpoints=0"])
+        load_config(args.config, [*args.set, f"rollout.group_size={args.eval_samples}",
+                                  "rollout.dynamic_sampling=false", f"sampling.greedy={str(args.greedy).lower()}"])
+    except UserError as exc:
+        ap.error(f"the settings the benchmark gives its runs and evaluations: {one_line(exc)}")
     return args
+
+
+def check_data(args: argparse.Namespace) -> None:
+    """The data the benchmark reads, loaded and checked before ``--out`` is touched (exit 2 naming the problem): the
+    demonstration questions of Stage 1 (unless ``--stage1-model``) and the task's questions, enough held-out ones
+    for ``--eval-limit`` (unless ``--stage1-only``)."""
+    from ziprl.retrieval.datasets import load_dataset
+
+    try:
+        if args.stage1_model is None:
+            cfg = load_config(args.config, [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])])
+            for name in cfg.demos.datasets:
+                load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars)
+        held_out = [] if args.stage1_only else task_questions(args.task)[1]
+    except (UserError, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not args.stage1_only and args.eval_limit > len(held_out):
+        print(f"error: --eval-limit {args.eval_limit}: task {args.task} holds {len(held_out)} held-out questions; "
+              f"pass --eval-limit {len(held_out)} or fewer", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def eval_steps(steps: int, every: int, quick: bool) -> list[int]:
@@ -648,6 +704,7 @@ def main() -> None:
                         tuple(job["overrides"]))
         evaluate(spec, Path(job["model"]), Path(job["cache"]), job["threads"])
         return
+    check_data(args)
     # runs and evaluations go into a directory this benchmark marked (a rerun continues there)
     code = in_work_dir(args.out, lambda out: run(args, out))
     if code:
@@ -665,7 +722,7 @@ def run(args: argparse.Namespace, out: Path) -> None:
     train_path, held_path, corpus = split_questions(args.task, out, args.eval_limit)
     spec = EvalSpec(config, held_path, corpus, args.eval_samples, args.greedy, tuple(args.set))
     demo_questions = check_demos_disjoint(model, held_path)
-    steps = args.steps or load_config(config, []).learner.steps
+    steps = load_config(config, []).learner.steps if args.steps is None else args.steps
     every = args.eval_every or (steps if args.quick else max(1, steps // 2))
     evaluated = eval_steps(steps, every, args.quick)
     weights = args.weights

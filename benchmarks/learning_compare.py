@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, in_work_dir, write_results  # noqa: E402
+from _common import NAME_RE, RESULTS, in_work_dir, write_results  # noqa: E402
 from learning import Job, bootstrap, checkpoint_model, read_metrics, run_parallel  # noqa: E402
 
 from ziprl.boundary import UserError, one_line  # noqa: E402
@@ -124,6 +124,15 @@ def plot(results: dict, levels: list[float], path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
+def run_name(name: str) -> str:
+    """An argparse ``type``: the name of a run directory directly under ``--out``, never a path (so nothing is read
+    or written outside ``--out``)."""
+    if not NAME_RE.fullmatch(name) or ".." in name:
+        raise argparse.ArgumentTypeError(f"{name[:80]!r}: give the name of a run directory directly under --out "
+                                         "(e.g. w0.2_seed0): letters, digits, '_', '-' or '.' (not first), no '..'")
+    return name
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, every one checked (exit 2) before anything is exported or run: ``levels``, ``strategies``,
     ``held_out``, ``run_dir``, ``step`` and ``stage1`` filled in."""
@@ -134,13 +143,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from ziprl.registry import STRATEGIES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"))
-    ap.add_argument("--out", default=str(REPO / "runs" / "learning"))
-    ap.add_argument("--run", default="w0.2_seed0", help="the RL run under --out whose checkpoint is compared")
+    ap.add_argument("--config", default=str(REPO / "configs" / "learn-cpu.yaml"), help="the evaluations' settings")
+    ap.add_argument("--out", default=str(REPO / "runs" / "learning"), help="the --out directory of learning.py")
+    ap.add_argument("--run", type=run_name, default="w0.2_seed0",
+                    help="the RL run under --out whose checkpoint is compared (a name, not a path)")
     ap.add_argument("--step", type=int, help="its checkpoint step (default: the run's last)")
     ap.add_argument("--limit", type=int, default=20, help="the first N held-out questions")
-    ap.add_argument("--noise", default="0,1")
-    ap.add_argument("--strategies", default="adaptive,uniform,react,summary,window")
+    ap.add_argument("--noise", default="0,1", help="comma-separated retrieval noise levels in 0..1")
+    ap.add_argument("--strategies", default="adaptive,uniform,react,summary,window",
+                    help="comma-separated strategies to compare (adaptive and react among them)")
     ap.add_argument("--workers", type=int, default=2, help="evaluations at a time (one torch thread each)")
     ap.add_argument("--stage1-model", help="the Stage-1 model the run started from, if learning.py was given one")
     args = ap.parse_args(argv)

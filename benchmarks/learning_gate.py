@@ -24,14 +24,16 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import results_name, write_results  # noqa: E402
+from _common import at_least, listed, results_name, write_results  # noqa: E402
 
+from ziprl.config.schema import SEED_MAX  # noqa: E402
 from ziprl.testing.learning_task import (  # noqa: E402
     BF16,
     GATE_SEED,
@@ -52,19 +54,54 @@ from ziprl.testing.learning_task import (  # noqa: E402
 CONFIGS = {"bandit": ("bandit", ()), "bandit_bf16": ("bandit", BF16), "search": ("search", ())}  # (task, overrides)
 
 
-def ints(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s]
+def seed(text: str) -> int:
+    """An argparse ``type``: a seed, 0 to :data:`SEED_MAX`."""
+    value = at_least(0)(text)
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a seed is at most {SEED_MAX}")
+    return value
+
+
+def seeds(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated seeds; '' for none."""
+    return [seed(s.strip()) for s in text.split(",") if s.strip()]
+
+
+def named(known: Iterable[str]) -> Callable[[str], str]:
+    """An argparse ``type``: one of the names ``known``."""
+
+    def parse(text: str) -> str:
+        if text not in known:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not one of {', '.join(known)}")
+        return text
+
+    return parse
+
+
+def mutations(text: str) -> list[str]:
+    """An argparse ``type``: ``all``, ``none`` or comma-separated names of :data:`MUTATIONS`."""
+    if text in ("all", "none"):
+        return list(MUTATIONS) if text == "all" else []
+    return listed(named(MUTATIONS))(text)
+
+
+def mutation_seeds(text: str) -> tuple[str, list[int]]:
+    """An argparse ``type``: ``[CONFIG=]SEEDS``: a configuration's name ('' for every one) and at least one seed."""
+    name, _, values = text.rpartition("=")
+    return (named(CONFIGS)(name) if name else ""), listed(seed)(values)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
-    ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--mutations", default="all", help="all | none | comma-separated names of " + ", ".join(MUTATIONS))
-    ap.add_argument("--mutation-seeds", action="append", default=[], metavar="[CONFIG=]SEEDS",
+    ap.add_argument("--configs", type=listed(named(CONFIGS)), default=list(CONFIGS),
+                    help="comma-separated configurations to run, of " + ", ".join(CONFIGS))
+    ap.add_argument("--seeds", type=seeds, default=[0, 1, 2, 3, 4], help="seeds of the unmutated runs ('' for none)")
+    ap.add_argument("--mutations", type=mutations, default=list(MUTATIONS),
+                    help="all | none | comma-separated names of " + ", ".join(MUTATIONS))
+    ap.add_argument("--mutation-seeds", type=mutation_seeds, action="append", default=[], metavar="[CONFIG=]SEEDS",
                     help=f"seeds of the mutation runs, of every configuration or of one (repeatable; default {GATE_SEED})")
-    ap.add_argument("--hrr-seeds", default="0,1,2,3,4")
-    ap.add_argument("--drift-seeds", default="0,1,2,3,4,5,6,7", help="w = 0 runs of the HRR check")
+    ap.add_argument("--hrr-seeds", type=seeds, default=[0, 1, 2, 3, 4], help="seeds of the HRR check ('' for none)")
+    ap.add_argument("--drift-seeds", type=seeds, default=list(range(8)), help="w = 0 runs of the HRR check ('' for none)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the gate's runs (repeatable; the HRR check keeps its own settings)")
     ap.add_argument("--hrr-set", action="append", default=[], metavar="KEY=VALUE",
@@ -80,23 +117,26 @@ def main() -> None:
         except ConfigError as exc:
             ap.exit(2, f"error: {flag}: {exc}\n")
 
-    configs = args.configs.split(",")
-    muts = list(MUTATIONS) if args.mutations == "all" else [] if args.mutations == "none" else args.mutations.split(",")
-    mutation_seeds = dict.fromkeys(configs, [GATE_SEED])
-    for spec in args.mutation_seeds:
-        name, _, seeds = spec.rpartition("=")
-        mutation_seeds.update(dict.fromkeys([name] if name else configs, ints(seeds)))
-    runs = [(c, s, None) for c in configs for s in ints(args.seeds)]
-    runs += [(c, s, m) for c in configs for m in muts for s in mutation_seeds[c]]
+    configs, muts = list(dict.fromkeys(args.configs)), list(dict.fromkeys(args.mutations))
+    if stray := sorted({name for name, _ in args.mutation_seeds if name and name not in configs}):
+        ap.error(f"--mutation-seeds names {', '.join(stray)}, which --configs does not run; add it to --configs or "
+                 "drop its --mutation-seeds")
+    seeds_of = dict.fromkeys(configs, [GATE_SEED])
+    for name, values in args.mutation_seeds:
+        seeds_of.update(dict.fromkeys([name] if name else configs, values))
+    runs = [(c, s, None) for c in configs for s in args.seeds]
+    runs += [(c, s, m) for c in configs for m in muts for s in seeds_of[c]]
+    if not runs and not (args.hrr_seeds or args.drift_seeds):
+        ap.error("nothing to run: give --seeds, --mutations, --hrr-seeds or --drift-seeds")
     with tempfile.TemporaryDirectory(prefix="ziprl-gate-") as tmp:
         root = Path(tmp)
         base = build_tiny_llama(resolve_model_path(ModelConfig()), root / "base")
         if runs:
             rows = gate_rows(root, base, runs, args.set)
-            write_results(args.name, rows, meta={"configs": configs, "seeds": ints(args.seeds), "mutations": muts,
-                                                 "mutation_seeds": mutation_seeds, "set": args.set})
+            write_results(args.name, rows, meta={"configs": configs, "seeds": args.seeds, "mutations": muts,
+                                                 "mutation_seeds": seeds_of, "set": args.set})
         if args.hrr_seeds or args.drift_seeds:
-            rows, meta = hrr_rows(root, base, ints(args.hrr_seeds), ints(args.drift_seeds), args.hrr_set)
+            rows, meta = hrr_rows(root, base, args.hrr_seeds, args.drift_seeds, args.hrr_set)
             write_results(f"{args.name}_hrr", rows, meta=meta)
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import results_name, write_results  # noqa: E402
+from _common import at_least, results_name, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 SHAPES = {"SFT step (2 rows)": (2, 631, 305), "RL micro-batch (4 rows)": (4, 420, 330)}  # (rows, L, P) of the launch
@@ -110,11 +110,13 @@ def measure(attend, q, k, v, grad, repeats: int) -> tuple[list[torch.Tensor], fl
     return step(), best_ms(step, repeats), best_ms(forward, repeats)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--name", type=results_name, default="prefix_attention")
+    ap.add_argument("--threads", type=at_least(1), default=2, help="torch threads")
+    ap.add_argument("--repeats", type=at_least(1), default=5,
+                    help="timed calls per variant after one warm-up; the fastest is kept")
+    ap.add_argument("--name", type=results_name, default="prefix_attention",
+                    help="results name: benchmarks/results/<name>.{json,md}")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                          "fwd_bwd_ms": both_ms, "fwd_ms": fwd_ms, "max_abs_diff": diff})
             print(rows[-1], flush=True)
     write_results(args.name, rows, {"threads": args.threads, "repeats": args.repeats, "dtype": "bfloat16"})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,7 @@
 """Ray system benchmarks: (a) Serve vs in-process retrieval, (b) weight push to N actors, (c) rollout scaling.
 
     .venv/bin/python benchmarks/ray_system.py [--parts abc] [--real-model] [--cpus N] [--retriever-cpus N]
+        [--max-actors 4]
 
 Goals: (a) Serve >= 0.8x in-process queries/s at batch >= 16 (one replica with as many CPUs as the
 in-process run has threads); (b) warm push to N actors <= 1.3x the push to 1 actor, and warm push
@@ -26,7 +27,7 @@ import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, write_results  # noqa: E402
+from _common import RESULTS, at_least, write_results  # noqa: E402
 from weight_sync import FixedWeightsLearner, model_shapes  # noqa: E402
 
 from ziprl.actors.ray_utils import init_ray  # noqa: E402
@@ -37,6 +38,16 @@ from ziprl.config import RayConfig, RetrieverConfig, ZipRLConfig  # noqa: E402
 
 BATCHES = (1, 16, 64)
 K = 5
+MEASUREMENTS = {"a": "retrieval", "b": "push", "c": "rollouts"}  # --parts letters
+SINK_CPUS, LEARNER_CPUS = 0.25, 0.01  # Ray CPUs of each (b) push receiver and of its sender
+
+
+def parts(text: str) -> str:
+    """An argparse ``type``: letters of :data:`MEASUREMENTS`, returned once each, in order (``ca`` -> ``ac``)."""
+    if not text or set(text) - set(MEASUREMENTS):
+        known = ", ".join(f"{k} ({v})" for k, v in MEASUREMENTS.items())
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: use letters of {known}, e.g. abc or b")
+    return "".join(k for k in MEASUREMENTS if k in text)
 
 
 def state_dict_135m(real_model: bool) -> tuple[dict[str, np.ndarray], str]:
@@ -135,8 +146,8 @@ def weight_push(state_dict: dict[str, np.ndarray], actors: int, model_path: str,
     cfg = ZipRLConfig()
     cfg.weights.transport = transport
     named = unique_named_tensors((k, torch.from_numpy(v)) for k, v in state_dict.items())
-    learner = ray.remote(num_cpus=0.01)(FixedWeightsLearner).remote(cfg.to_dict(), named=named)
-    sinks = [ray.remote(num_cpus=0.25, concurrency_groups={"weights": 1})(EngineSink).remote(model_path)
+    learner = ray.remote(num_cpus=LEARNER_CPUS)(FixedWeightsLearner).remote(cfg.to_dict(), named=named)
+    sinks = [ray.remote(num_cpus=SINK_CPUS, concurrency_groups={"weights": 1})(EngineSink).remote(model_path)
              for _ in range(actors)]
     ray.get([s.node_ip.remote() for s in sinks])
     sync = RaySender(cfg, SimpleNamespace(actors=[learner]), sinks)
@@ -183,16 +194,27 @@ def rollout_throughput(actors: int, batches: int = 3) -> dict:
             "tokens_per_s": round(tokens / wall, 2)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cores = os.cpu_count() or 1
-    ap.add_argument("--cpus", type=int, default=cores, help="CPUs of the local Ray cluster")
-    ap.add_argument("--retriever-cpus", type=float, default=float(cores),
-                    help="CPUs (= encoder threads) of the replica; default: as many as the in-process run uses")
+    ap.add_argument("--cpus", type=at_least(1), default=cores, help="CPUs of the local Ray cluster")
+    ap.add_argument("--retriever-cpus", type=at_least(0.0001, float), default=None,
+                    help="(a) CPUs (= encoder threads) of the replica, at most --cpus; default: --cpus, as many as "
+                         "the in-process run uses")
     ap.add_argument("--real-model", action="store_true", help="push the real SmolLM2-135M weights")
-    ap.add_argument("--max-actors", type=int, default=4, help="(b) pushes to 1 and to this many actors")
-    ap.add_argument("--parts", default="abc", help="which measurements: a (retrieval), b (push), c (rollouts)")
-    args = ap.parse_args()
+    ap.add_argument("--max-actors", type=at_least(1), default=4, help="(b) pushes to 1 and to this many actors")
+    ap.add_argument("--parts", type=parts, default="abc",
+                    help="which measurements, letters of: a (retrieval), b (push), c (rollouts)")
+    args = ap.parse_args(argv)
+    if args.retriever_cpus is None:
+        args.retriever_cpus = float(args.cpus)
+    if "a" in args.parts and args.retriever_cpus > args.cpus:
+        ap.error(f"--retriever-cpus {args.retriever_cpus:g}: the replica would not fit the Ray cluster's --cpus "
+                 f"{args.cpus}; give at most {args.cpus}, or raise --cpus")
+    if "b" in args.parts and args.max_actors * SINK_CPUS + LEARNER_CPUS > args.cpus:
+        ap.error(f"--max-actors {args.max_actors}: {args.max_actors} receivers of {SINK_CPUS} CPU each would not fit "
+                 f"the Ray cluster's --cpus {args.cpus}; give at most {int((args.cpus - LEARNER_CPUS) / SINK_CPUS)}, "
+                 "or raise --cpus")
 
     load_before = os.getloadavg()[0]
     init_ray(RayConfig(), num_cpus=args.cpus)
@@ -228,7 +250,8 @@ def main() -> None:
         meta = old["meta"] | meta
     write_results("ray_system", rows, meta)
     ray.shutdown()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

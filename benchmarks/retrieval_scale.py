@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, in_work_dir, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, in_work_dir, results_name, write_results  # noqa: E402
 
 from ziprl.outputs import OutputError  # noqa: E402
 from ziprl.paths import atomic_path, atomic_write_json  # noqa: E402
@@ -82,9 +82,16 @@ def save_npy(path: Path, array: np.ndarray) -> None:
 
 def check_data(work: Path, n: int, n_queries: int) -> None:
     """OutputError when ``work`` holds the data of another ``n`` or ``n_queries``, which :func:`make_data` would
-    reuse."""
+    reuse, or a ``data.json`` that does not say which (not written by :func:`make_data`, or damaged)."""
     done = work / "data.json"
-    meta = json.loads(done.read_text()) if done.is_file() else {"n": n, "synthetic_queries": n_queries}
+    try:
+        meta = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {"n": n, "synthetic_queries": n_queries}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        meta = None
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k), int) for k in ("n", "synthetic_queries")):
+        raise OutputError(f"{done} is not the data record this benchmark writes (it needs the integers n and "
+                          "synthetic_queries); nothing was written: pass another --work, or delete that directory "
+                          "yourself to make the data again")
     if (meta["n"], meta["synthetic_queries"]) != (n, n_queries):
         raise OutputError(f"{work} holds the data of --n {meta['n']} --queries {meta['synthetic_queries']}; pass "
                           "those, or another --work")
@@ -306,11 +313,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=1_000_000, help="corpus vectors")
     ap.add_argument("--quick", action="store_true", help="n = 100000 (a smoke run)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--sharded", nargs="+", default=["flat", "ivf-pq48+sq4"], help="configs also built as 2 shards")
+    ap.add_argument("--sharded", nargs="+", default=["flat", "ivf-pq48+sq4"], choices=[*CONFIGS, "none"],
+                    help="configs also built as 2 shards ('none': no config)")
     ap.add_argument("--work", default=None, help="data + index directory")
     ap.add_argument("--name", type=results_name, default="retrieval_scale", help="results file name under benchmarks/results/")
     ap.add_argument("--queries", type=int, default=500, help="queries of each kind (real, synthetic)")
-    ap.add_argument("--sweep", nargs="*", type=int, default=None, metavar="NPROBE",
+    ap.add_argument("--sweep", nargs="*", type=at_least(1), default=None, metavar="NPROBE",
                     help="search the IVF indexes of the last run again at these nprobe values and add the rows")
     args = ap.parse_args(argv)
     args.n = 100_000 if args.quick else args.n
@@ -330,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # data and indexes go into a directory this benchmark marked; a rerun reuses the data of the same --n and --queries
     return in_work_dir(args.work, lambda work: run(args, work), "--work: ",
-                       check=lambda work: check_data(work, args.n, args.queries))
+                       check=lambda work: check_data(work, args.n, args.queries), kind="bench-retrieval_scale")
 
 
 def run(args: argparse.Namespace, work: Path) -> None:

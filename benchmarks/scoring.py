@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import random
@@ -22,9 +23,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import at_least, write_results  # noqa: E402
 
-from ziprl.retrieval.datasets import shared_file  # noqa: E402
+from ziprl.retrieval.datasets import DatasetError, shared_file  # noqa: E402
 from ziprl.retrieval.sets.hotpotqa import TRAIN, TRAIN_CORPUS  # noqa: E402
 from ziprl.scoring import compression_quality, extract_keywords, level_spec  # noqa: E402
 from ziprl.scoring.keywords import cached_keywords, sentences  # noqa: E402
@@ -35,11 +36,35 @@ GROUP = 8  # compressions per observation in the cached row (a GRPO group scorin
 Case = tuple[str, str, str, int]  # (question q, observation x, compression y, level g)
 
 
-def _load_gz_json(path: Path, what: str):
-    if not path.is_file():
-        sys.exit(f"{what} not found at {path}: pass --data/--questions, or put shared/data beside the repo")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gz_file(text: str) -> Path:
+    """An argparse ``type``: the path of a readable gzip file."""
+    path = Path(text).expanduser()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror or exc}; pass the gzipped JSON file") from None
+    if head != GZIP_MAGIC:
+        raise argparse.ArgumentTypeError(f"{text} is not a gzip file; pass the gzipped JSON file")
+    return path
+
+
+def _load_gz_json(path: Path, flag: str, kind: type):
+    """The JSON in gzip file ``path`` (a ``kind``, not empty); exit 2 naming ``flag`` when it is not one."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = exc
+    if not isinstance(data, kind) or not data:
+        got = f"({data})" if isinstance(data, Exception) else f"(a {type(data).__name__}, not a non-empty JSON {kind.__name__})"
+        print(f"error: {flag} {path} cannot be read as the HotpotQA file it names {got}; pass the release's file",
+              file=sys.stderr)
+        sys.exit(2)
+    return data
 
 
 def _compress(question: str, source: str, level: int, rng: random.Random) -> str:
@@ -64,7 +89,14 @@ def build_cases(corpus: dict, questions: list[dict], n: int, seed: int = 0) -> l
     rng = random.Random(seed)
     cases: list[Case] = []
     seen: set[str] = set()
-    while len(cases) < n:
+    for tries in itertools.count():
+        if len(cases) >= n:
+            break
+        if tries >= 100 * n:
+            print(f"error: {len(cases)} distinct observations of 1,000+ characters found in {tries} draws, not {n}: "
+                  "lower --n, or pass the release's files (--data's titles are the questions' context titles)",
+                  file=sys.stderr)
+            sys.exit(2)
         ex = rng.choice(questions)
         titles = [t for t, _ in ex["context"] if t in corpus]
         rng.shuffle(titles)
@@ -104,8 +136,13 @@ def _rates(cases: list[Case], repeats: int) -> tuple[float, float]:
 
 def measure_scoring(args: argparse.Namespace) -> list[dict]:
     """Q_com scorings/s on distinct observations, and on groups of compressions of one observation."""
-    corpus = _load_gz_json(args.data, "HotpotQA corpus")
-    questions = _load_gz_json(args.questions, "HotpotQA questions")
+    corpus = _load_gz_json(args.data, "--data", dict)
+    questions = _load_gz_json(args.questions, "--questions", list)
+    if not all(isinstance(q, dict) and isinstance(q.get("question"), str) and isinstance(q.get("context"), list)
+               for q in questions):
+        print(f"error: --questions {args.questions}: every record needs 'question' and 'context' (HotpotQA's "
+              "format); pass the release's file", file=sys.stderr)
+        sys.exit(2)
     cases = build_cases(corpus, questions, args.n)
     rng = random.Random(1)
     grouped = [(q, x, _compress(q, x, g, rng), g) for q, x, _, g in cases[: args.n // GROUP] for _ in range(GROUP)]
@@ -123,13 +160,16 @@ def measure_scoring(args: argparse.Namespace) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, help=f"HotpotQA pooled corpus; default: $ZIPRL_DATA/{TRAIN_CORPUS}")
-    p.add_argument("--questions", type=Path, help=f"HotpotQA questions; default: $ZIPRL_DATA/{TRAIN}")
-    p.add_argument("--n", type=int, default=3000, help="distinct observations to score")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes; the best is reported")
+    p.add_argument("--data", type=gz_file, help=f"HotpotQA pooled corpus; default: $ZIPRL_DATA/{TRAIN_CORPUS}")
+    p.add_argument("--questions", type=gz_file, help=f"HotpotQA questions; default: $ZIPRL_DATA/{TRAIN}")
+    p.add_argument("--n", type=at_least(GROUP), default=3000, help=f"distinct observations to score (at least {GROUP})")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="timed passes; the best is reported")
     args = p.parse_args()
-    args.data = args.data or shared_file(TRAIN_CORPUS)
-    args.questions = args.questions or shared_file(TRAIN)
+    try:
+        args.data = args.data or gz_file(str(shared_file(TRAIN_CORPUS)))
+        args.questions = args.questions or gz_file(str(shared_file(TRAIN)))
+    except (DatasetError, argparse.ArgumentTypeError) as exc:
+        p.exit(2, f"error: {exc}\n")
     load_before = os.getloadavg()[0]
     rows = measure_scoring(args)
     write_results("scoring", rows, meta={"data": args.data.name, "questions": args.questions.name,

@@ -29,8 +29,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import portable, results_name, write_results  # noqa: E402
+from _common import at_least, listed, model_dir, portable, results_name, write_results  # noqa: E402
 
+from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
 
 VARIANTS = {  # name: config overrides
@@ -69,19 +70,30 @@ def profile(variant: str, args: argparse.Namespace, out: Path) -> dict:
     return row
 
 
+def variant_name(text: str) -> str:
+    """An argparse ``type``: a name of :data:`VARIANTS`."""
+    if text not in VARIANTS:
+        raise argparse.ArgumentTypeError(f"unknown variant {text[:40]!r}; choose from {', '.join(VARIANTS)}")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "learn-cpu.yaml"))
-    ap.add_argument("--model", help="start from this model directory (e.g. the Stage-1 model)")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--variants", default="unshared,float32,bf16", help=f"in this order, of {', '.join(VARIANTS)}")
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "learn-cpu.yaml"),
+                    help="the run's settings")
+    ap.add_argument("--model", type=model_dir, help="start from this model directory (e.g. the Stage-1 model)")
+    ap.add_argument("--steps", type=at_least(2), default=2, help="steps per variant (at least 2: the first warms up)")
+    ap.add_argument("--variants", type=listed(variant_name), default=["unshared", "float32", "bf16"],
+                    help=f"comma-separated, in this order, of {', '.join(VARIANTS)}")
     ap.add_argument("--name", type=results_name, default="step_profile")
     args = ap.parse_args()
-    if args.steps < 2:
-        ap.error("--steps must be >= 2 (the first step is warm-up)")
-    variants = args.variants.split(",")
-    if unknown := set(variants) - set(VARIANTS):
-        ap.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    variants = args.variants
+    try:  # the config with each variant's overrides: checked before any step runs (the model when parsed)
+        for name in variants:
+            load_config(Path(args.config), [*VARIANTS[name], f"learner.steps={args.steps}", "data.dataset=sample",
+                                            "ray.max_staleness=0", f"run.checkpoint_every={args.steps + 1}"])
+    except UserError as exc:
+        ap.exit(2, f"error: --config: {exc}\n")
     rows = []
     with tempfile.TemporaryDirectory(prefix="ziprl-step-profile-") as tmp:
         for variant in variants:

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import results_name, write_results
+from _common import at_least, results_name, write_results
 
 PROMPTS = ["What is the capital of France? Answer in one sentence.",
            "Name one famous landmark in Paris and say why it is famous."]
@@ -144,24 +144,37 @@ def side_in_subprocess(side: str, steps: int, threads: int | None, trl_bf16: boo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def engine_sides(text: str) -> list[str]:
+    """An argparse ``type``: comma-separated ZipRL sides, each a registered engine name optionally with ``+probe``."""
+    from ziprl.registry import ENGINES
+
+    sides = list(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
+    bad = [e for e in sides if e.partition("+")[0] not in ENGINES.names() or e.partition("+")[2] not in ("", "probe")]
+    if bad or not sides:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: each side is an engine name ({', '.join(ENGINES.names())}), "
+                                         "optionally with +probe, e.g. hf,hf+probe")
+    return sides
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="steps per side and round (the first is warm-up)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of one subprocess per side, order alternating")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
-    parser.add_argument("--engines", default="hf", help="ZipRL sides, one per generation engine (e.g. hf,llamacpp; "
-                                                           "NAME+probe: the update probe on); the first is the "
-                                                           "headline ratio")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="steps per side and round (at least 3: the first is warm-up)")
+    parser.add_argument("--rounds", type=at_least(1), default=2,
+                        help="rounds of one subprocess per side, order alternating")
+    parser.add_argument("--threads", type=at_least(0), default=None,
+                        help="torch threads on both sides (0 or unset: torch's default)")
+    parser.add_argument("--engines", type=engine_sides, default="hf",
+                        help="ZipRL sides, one per generation engine (e.g. hf,llamacpp; NAME+probe: the update probe "
+                             "on); the first is the headline ratio")
     parser.add_argument("--out", type=results_name, default="vs_trl", help="results name: benchmarks/results/<out>.{json,md}")
     parser.add_argument("--trl-precision", choices=("match", "float32"), default="match",
                         help="TRL's precision: match (bf16 where ZipRL's learner chooses it here) or float32")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # trl | ziprl:<engine>[+probe] (one subprocess's side)
     parser.add_argument("--trl-bf16", action="store_true", help=argparse.SUPPRESS)  # the trl side in bf16
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error("--steps must be >= 3: one warm-up step and at least two measured ones")
-    if any(e.partition("+")[2] not in ("", "probe") for e in args.engines.split(",")):
-        parser.error(f"--engines {args.engines}: each is an engine name, optionally with +probe (e.g. hf,hf+probe)")
     if args.side:
         import torch
 
@@ -173,12 +186,12 @@ def main() -> None:
                   else run_ziprl(args.steps, engine, probe == "probe"))
         print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads(),
                           "load_1m": [load, os.getloadavg()[0]]}))
-        return
+        return 0
 
     from ziprl.learner.hardware import bf16_pays
 
     trl_bf16 = args.trl_precision == "match" and bf16_pays("cpu")  # ZipRL's learner's own choice on this CPU
-    runs: dict[str, list[dict]] = {**{f"ziprl:{e}": [] for e in args.engines.split(",")}, "trl": []}
+    runs: dict[str, list[dict]] = {**{f"ziprl:{e}": [] for e in args.engines}, "trl": []}
     for r in range(args.rounds):  # alternate the order so drifting machine load hits all sides alike
         for side in list(runs) if r % 2 == 0 else list(runs)[::-1]:
             runs[side].append(side_in_subprocess(side, args.steps, args.threads, trl_bf16))
@@ -207,7 +220,8 @@ def main() -> None:
     write_results(args.out, rows, meta)
     for row in rows[:-1]:
         print(f"ZipRL ({row['framework']}) step time = {row['time_vs_trl']:.3f} x TRL's")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

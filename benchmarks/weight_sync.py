@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, listed, results_name, write_results  # noqa: E402
 
 from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
@@ -44,6 +45,20 @@ from ziprl.weights import LearnerWeights, WeightReceiver  # noqa: E402
 SHAPES = {"0.1B": (768, 12, 2048, 256, 32000), "0.5B": (896, 24, 4864, 128, 151936),
           "1.5B": (1536, 28, 8960, 256, 151936),
           "135M": (576, 30, 1536, 192, 49152)}  # SmolLM2-135M (the embedded default; ray_system.py)
+
+
+TRANSPORTS = ("object_store", "collective")
+
+
+def one_of(choices) -> Callable[[str], str]:
+    """An argparse ``type`` (with :func:`listed`, an item's): a name among ``choices``."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text[:40]!r}; choose from {', '.join(choices)}")
+        return text
+
+    return parse
 
 
 def model_shapes(size: str) -> dict[str, tuple[int, ...]]:
@@ -166,30 +181,41 @@ def plot(rows: list[dict], name: str) -> None:
     save_figure(fig, RESULTS / f"{name}.png")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="0.1B,0.5B,1.5B")
-    ap.add_argument("--receivers", default="1,4")
-    ap.add_argument("--transports", default="object_store,collective")
-    ap.add_argument("--bucket-mb", type=float, default=256.0)
-    ap.add_argument("--repeats", type=int, default=3, help="warm pushes per setting (after one warm-up push)")
+    ap.add_argument("--sizes", type=listed(one_of(SHAPES)), default="0.1B,0.5B,1.5B",
+                    help=f"comma-separated model sizes, of {', '.join(SHAPES)}")
+    ap.add_argument("--receivers", type=listed(at_least(1)), default="1,4",
+                    help="comma-separated receiver counts, each measured")
+    ap.add_argument("--transports", type=listed(one_of(TRANSPORTS)), default=",".join(TRANSPORTS),
+                    help=f"comma-separated, of {', '.join(TRANSPORTS)}")
+    ap.add_argument("--bucket-mb", type=at_least(1.0, float), default=256.0,
+                    help="weights.bucket_mb: MiB per bucket the sender packs")
+    ap.add_argument("--repeats", type=at_least(1), default=3,
+                    help="warm pushes per setting (after one warm-up push; 2 for models of 2 GB or more)")
     ap.add_argument("--name", type=results_name, default="weight_sync", help="results file stem under benchmarks/results")
-    ap.add_argument("--max-gb", type=float, default=9.0,
+    ap.add_argument("--max-gb", type=at_least(0.0, float), default=9.0,
                     help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
-    args = ap.parse_args()
-    sizes, receivers = args.sizes.split(","), [int(n) for n in args.receivers.split(",")]
-    plan = [(s, t, n, "bfloat16") for s in sizes for t in args.transports.split(",") for n in receivers]
+    args = ap.parse_args(argv)
+    if args.bucket_mb == float("inf"):
+        ap.error("--bucket-mb inf: give a finite number of MiB")
+    sizes, receivers = list(dict.fromkeys(args.sizes)), list(dict.fromkeys(args.receivers))
+    plan = [(s, t, n, "bfloat16") for s in sizes for t in dict.fromkeys(args.transports) for n in receivers]
     base = min(sizes, key=n_params)
     plan += [(base, "object_store", 1, "float32")]  # the previous path's bytes: bf16 widened to float32
     load_before = os.getloadavg()[0]
-    rows, skipped, runnable = [], [], []
+    rows, skipped, runnable, needs = [], [], [], []
     for size, transport, n, dtype in plan:
         gb = n_params(size) * (2 if dtype == "bfloat16" else 4) / 1e9
         need = gb * (1 + (n if transport == "collective" else 1))  # object store: one shared copy
+        needs.append(need)
         if need > args.max_gb:
             skipped.append(f"{size} {transport} x{n} {dtype}: needs ~{need:.1f} GB (> --max-gb {args.max_gb:g})")
         else:
             runnable.append((size, transport, n, dtype, gb))
+    if not runnable:
+        ap.error(f"--max-gb {args.max_gb:g}: every setting needs more memory (the smallest ~{min(needs):.2f} GB); "
+                 "raise --max-gb or give smaller --sizes")
     store = max(gb for *_, gb in runnable) * 2.5e9 + 5e8  # two versions in flight
     cores = min(4, os.cpu_count() or 1)  # Ray is given 4 logical CPUs; the box may have fewer cores
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=int(store))
@@ -217,7 +243,8 @@ def main() -> None:
     plot(rows, args.name)
     print({k: meta[k] for k in ("skipped", "host_load_avg_1m") if k in meta},
           meta.get("bf16_over_fp32_bytes"), meta.get("bf16_over_fp32_seconds"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

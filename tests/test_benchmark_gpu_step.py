@@ -53,6 +53,26 @@ def test_the_kernel_split_sorts_kernels_by_name_and_counts_only_device_time():
                      "gpu_elementwise_s": 1.0, "gpu_other_s": 0.5, "gpu_busy_frac": 0.85}
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--steps", "0", "--questions", "0"], "argument --steps: '0': must be at least 1"),
+    (["--questions", "0"], "argument --questions: '0': must be at least 1"),
+    (["--group", "0"], "argument --group: '0': must be at least 1"),
+    (["--turns", "-1"], "argument --turns: '-1': must be at least 1"),
+    (["--new-tokens", "x"], "argument --new-tokens: 'x' is not an integer"),
+    (["--micro-batch", "0"], "argument --micro-batch: '0': must be at least 1"),
+    (["--zero-stage", "0"], "argument --zero-stage: invalid choice: 0"),
+    (["--prompt-spread", "nan"], "argument --prompt-spread: 'nan': must be at least 0.0"),
+    (["--archs", "tiny", "--prompt-tokens", "8000", "--new-tokens", "256"], "longer than the 8192 positions"),
+])
+def test_bad_counts_and_sizes_exit_2_when_the_arguments_are_parsed_even_without_a_gpu(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        gpu_step.main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert message in err
+    assert "no CUDA GPU" not in out
+
+
 def test_bad_overrides_exit_2_before_any_work(capsys):
     assert gpu_step.main(["--set", "learner.share_prefixx=false"]) == 2
     assert "share_prefixx" in capsys.readouterr().err

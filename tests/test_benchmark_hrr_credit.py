@@ -97,10 +97,29 @@ def test_the_report_pools_seeds_per_arm(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [([], "no w<w>_seed<s>/trajectories/step_*.parquet there"),
-                                           (["--max-step", "0"], "--max-step must be >= 1")])
+                                           (["--max-step", "0"], "argument --max-step: '0': must be at least 1"),
+                                           (["--max-step", "x"], "argument --max-step: 'x' is not an integer")])
 def test_bad_input_is_refused_with_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.setattr(sys, "argv", [str(REPO / "benchmarks" / "hrr_credit.py")])  # its default name's results are its own
     with pytest.raises(SystemExit) as exc:
         hrr_credit.main(["--runs", str(tmp_path / "missing"), *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"not parquet", b""], ids=["text", "empty"])
+def test_a_step_file_that_is_not_parquet_exits_2_naming_it_before_anything_is_written(tmp_path, capsys, monkeypatch,
+                                                                                       content):
+    monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+    runs = tmp_path / "runs"
+    _write_run(runs, "w0_seed0", [[_turn("search", None), _turn("open", 0.5), _turn("answer", 0.7)]])
+    bad = runs / "w0.2_seed0" / "trajectories" / "step_000001.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        hrr_credit.main(["--runs", str(runs), "--name", "credit"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --runs: {bad} is not a trajectory file" in err and "give another --runs" in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "results").exists()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import SHARED
+from ziprl.testing.local_model import passing_model_dir
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -411,6 +412,59 @@ def test_a_bad_or_benchmark_owned_set_is_refused_before_anything_runs(learning, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--steps", "-1"], "argument --steps: '-1': must be at least 1"),
+    (["--steps", "0"], "argument --steps: '0': must be at least 1"),
+    (["--quick", "--steps", "0"], "argument --steps: '0': must be at least 1"),
+    (["--eval-every", "0"], "argument --eval-every: '0': must be at least 1"),
+    (["--workers", "0"], "argument --workers: '0': must be at least 1"),
+    (["--seeds", "a"], "argument --seeds: 'a' is not an integer"),
+    (["--seeds", "0,0"], "--seeds 0,0: give each seed once"),
+    (["--weights", "-1"], "--weights -1: learner.hrr_weight must be >= 0"),
+    (["--weights", "0,inf"], "--weights 0,inf: learner.hrr_weight must be a finite number"),
+    (["--eval-limit", "0"], "argument --eval-limit: '0': must be at least 1"),
+    (["--eval-limit", "401"], "--eval-limit 401: task invented holds 400 held-out questions; pass --eval-limit 400"),
+    (["--eval-samples", "0"], "argument --eval-samples: '0': must be at least 1"),
+    (["--stage1-model", "nosuch"], "argument --stage1-model: 'nosuch' is not a directory"),
+    (["--stage1-model", "."], "has no config.json"),
+    (["--task", "real"], "data directory"),  # $ZIPRL_DATA names no directory
+])
+def test_a_bad_argument_is_refused_before_the_out_directory_or_the_results_are_touched(learning, tmp_path, monkeypatch,
+                                                                                     capsys, argv, said):
+    """Each exits 2 with one error line, before Stage 1, with no --out created and no results file written."""
+    from ziprl.testing.outputs import digests
+
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    (results / "learning_invented_goals.json").write_text(json.dumps({"rows": [], "command": "python learning.py"}))
+    monkeypatch.setattr(sys.modules["_common"], "RESULTS", results)
+    monkeypatch.setattr(learning, "RESULTS", results)
+    monkeypatch.setattr(learning, "stage1", lambda *a: pytest.fail("Stage 1 started"))
+    monkeypatch.setenv("ZIPRL_DATA", str(tmp_path / "nodata"))
+    monkeypatch.chdir(tmp_path)
+    model = passing_model_dir(tmp_path / "stage1")
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--task", "invented", "--stage1-model", str(model), "--seeds", "0",
+                                      "--weights", "0.2", "--out", str(out), *argv])
+    before = digests(results)
+    with pytest.raises(SystemExit) as exc:
+        learning.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert said in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+    assert not out.exists()
+    assert digests(results) == before
+
+
+def test_unset_steps_and_eval_every_mean_the_defaults_and_a_stage1_model_is_made_absolute(learning, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    passing_model_dir(tmp_path / "stage1")
+    args = learning.parse_args(["--stage1-model", "stage1", "--steps", "1", "--eval-every", "1"])
+    assert (args.steps, args.eval_every, args.stage1_model) == (1, 1, tmp_path.resolve() / "stage1")
+    assert (learning.parse_args([]).eval_every, learning.parse_args(["--quick"]).steps) == (None, learning.QUICK_STEPS)
+
+
 def test_a_second_benchmark_on_one_out_is_refused_naming_the_first(learning, tmp_path, monkeypatch, capsys,
                                                                    lock_holder):
     """Two benchmarks on one --out would start the same runs twice: the second stops before Stage 1, naming the
@@ -630,6 +684,7 @@ def test_the_benchmark_end_to_end_with_fake_training_and_rollouts(learning, tmp_
                 (run / "metrics.jsonl").write_text('{"step": 1, "rollout/reward": 0.5}\n{"step": 2, "rollout/reward": 0.5}\n')
 
     monkeypatch.setattr(learning, "split_questions", split)
+    monkeypatch.setattr(learning, "check_data", lambda args: None)  # the real task's data: checked in its own tests
     monkeypatch.setattr(learning, "run_parallel", parallel)
     monkeypatch.setattr(harness, "load_eval_setup", lambda cfg: None)
     monkeypatch.setattr(harness, "run_strategy", rollout)
@@ -809,7 +864,6 @@ def test_compare_diff_pairs_questions_and_skips_turns_without_a_score(compare, t
 @pytest.fixture
 def compared(compare, tmp_path, monkeypatch):
     """What learning.py leaves under --out (a held-out split, a run of 2 steps, a Stage-1 model), and no export."""
-    import struct
 
     from ziprl.outputs import write_marker
 
@@ -818,10 +872,7 @@ def compared(compare, tmp_path, monkeypatch):
     (out / "heldout.jsonl").write_text('{"id": "q1", "question": "q?", "answers": ["a"]}\n')
     (out / "w0.2_seed0").mkdir()
     (out / "w0.2_seed0" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    stage1 = tmp_path / "stage1"
-    stage1.mkdir()
-    (stage1 / "config.json").write_text('{"model_type": "llama"}')
-    (stage1 / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    stage1 = passing_model_dir(tmp_path / "stage1")
     monkeypatch.setattr(compare, "checkpoint_model", lambda *a: pytest.fail("exported before the arguments were checked"))
     return ["--out", str(out), "--stage1-model", str(stage1)]
 

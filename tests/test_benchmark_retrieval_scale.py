@@ -1,5 +1,5 @@
-"""benchmarks/retrieval_scale.py: ``--work`` is a directory the benchmark marked, or a new one, and ``--n`` and
-``--queries`` are checked when the arguments are parsed; bad input exits 2 and changes no file."""
+"""benchmarks/retrieval_scale.py: ``--work`` is a directory the benchmark marked with its own kind, or a new one, and
+``--n`` and ``--queries`` are checked when the arguments are parsed; bad input exits 2 and changes no file."""
 
 from __future__ import annotations
 
@@ -56,7 +56,10 @@ def users_dir(path: Path, marker: str | None = None) -> Path:
     return path
 
 
-@pytest.mark.parametrize("marker", [None, "run"])
+KIND = "bench-retrieval_scale"
+
+
+@pytest.mark.parametrize("marker", [None, "run", "bench"])  # "bench": learning.py's working directory
 def test_a_work_directory_the_benchmark_did_not_mark_exits_2_unchanged(no_data, capsys, marker):
     work = users_dir(no_data / "mine", marker)
     before = digests(work)
@@ -71,7 +74,7 @@ def test_a_work_directory_the_benchmark_did_not_mark_exits_2_unchanged(no_data, 
     (["--n", "2000", "--sweep", "8"], "--sweep searches the indexes of the last run"),
 ])
 def test_bad_arguments_exit_2_before_the_work_directory_is_touched(no_data, capsys, argv, said):
-    work = users_dir(no_data / "work", "bench")
+    work = users_dir(no_data / "work", KIND)
     before = digests(work)
     with pytest.raises(SystemExit) as exc:
         retrieval_scale.main(["--work", str(work), *argv])
@@ -83,11 +86,24 @@ def test_bad_arguments_exit_2_before_the_work_directory_is_touched(no_data, caps
 
 def test_data_of_another_size_is_refused_not_reused(bench, capsys):
     work = bench / "work"
-    write_marker(work, "bench")
+    write_marker(work, KIND)
     (work / "data.json").write_text(json.dumps({"n": 5000, "synthetic_queries": 500}))
     before = digests(work)
     assert retrieval_scale.main(["--work", str(work), "--n", "3000"]) == 2
     assert "holds the data of --n 5000 --queries 500" in capsys.readouterr().err
+    assert digests(work) == before
+
+
+@pytest.mark.parametrize("record", ['{"n": 3000}', '{"n": "3000", "synthetic_queries": 500}', "[3000, 500]", "{"])
+def test_a_data_record_that_does_not_say_its_size_exits_2_naming_it_unchanged(no_data, capsys, record):
+    work = no_data / "work"
+    write_marker(work, KIND)
+    (work / "data.json").write_text(record)
+    before = digests(work)
+    assert retrieval_scale.main(["--work", str(work), "--n", "3000"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --work: {work / 'data.json'} is not the data record this benchmark writes" in err
+    assert "pass another --work" in err and "Traceback" not in err
     assert digests(work) == before
 
 
@@ -110,7 +126,7 @@ def test_a_run_marks_its_work_directory_and_a_rerun_reuses_its_data(bench, monke
     meta = json.loads((work / "data.json").read_text())
     assert (meta["n"], meta["real_passages"], meta["synthetic_queries"]) == (2100, retrieval_scale.REAL_PASSAGES, 4)
     assert np.load(work / "vectors.npy", mmap_mode="r").shape == (2100, retrieval_scale.DIM)
-    assert json.loads((work / ".ziprl-run").read_text())["kind"] == "bench"
+    assert json.loads((work / ".ziprl-run").read_text())["kind"] == KIND
     vectors = os.stat(work / "vectors.npy")
     assert retrieval_scale.main(argv) == 0
     assert os.stat(work / "vectors.npy").st_mtime_ns == vectors.st_mtime_ns

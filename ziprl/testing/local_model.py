@@ -39,3 +39,14 @@ def build_tiny_model(path: Path, hidden: int = 64, layers: int = 2) -> Path:
     LlamaForCausalLM(config).save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+def passing_model_dir(root: Path) -> Path:
+    """A directory that passes for a model directory without being one (config.json with a model type, safetensors
+    weights whose header parses): for checks of arguments that must pass before any model loads."""
+    import struct
+
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    return root
