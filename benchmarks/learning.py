@@ -615,7 +615,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(repeatable); give a new --out with it")
     ap.add_argument("--eval-one", help=argparse.SUPPRESS)  # one evaluation, in a worker process (EvalSpec.command)
     args = ap.parse_args(argv)
-    args.config = Path(args.config or TASKS[args.task])
+    args.config = Path(args.config).resolve() if args.config else TASKS[args.task]  # workers start in the repository
     args.out = Path(args.out or REPO / "runs" / (f"learning-{args.task}" + ("-quick" if args.quick else "")))
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     if len(set(args.seeds)) != len(args.seeds):

@@ -456,12 +456,17 @@ def test_a_bad_argument_is_refused_before_the_out_directory_or_the_results_are_t
     assert digests(results) == before
 
 
-def test_unset_steps_and_eval_every_mean_the_defaults_and_a_stage1_model_is_made_absolute(learning, tmp_path,
-                                                                                        monkeypatch):
+def test_unset_steps_and_eval_every_mean_the_defaults_and_given_paths_are_made_absolute(learning, tmp_path,
+                                                                                      monkeypatch):
+    """The Stage-1 model and the config given relative to the caller's directory reach the workers, which start in
+    the repository, as absolute paths."""
     monkeypatch.chdir(tmp_path)
     passing_model_dir(tmp_path / "stage1")
-    args = learning.parse_args(["--stage1-model", "stage1", "--steps", "1", "--eval-every", "1"])
+    (tmp_path / "learn.yaml").write_text((learning.TASKS["invented"]).read_text())
+    args = learning.parse_args(["--stage1-model", "stage1", "--steps", "1", "--eval-every", "1", "--config",
+                                "learn.yaml"])
     assert (args.steps, args.eval_every, args.stage1_model) == (1, 1, tmp_path.resolve() / "stage1")
+    assert args.config == tmp_path.resolve() / "learn.yaml"
     assert (learning.parse_args([]).eval_every, learning.parse_args(["--quick"]).steps) == (None, learning.QUICK_STEPS)
 
 
