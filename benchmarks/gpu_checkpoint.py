@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if unknown_archs(args.archs, "gpu_checkpoint"):
         return 2
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
+                 "--tokenizer out")
     setup = gpu_setup("gpu_checkpoint", args.tokenizer)
     if setup is None:
         return 0

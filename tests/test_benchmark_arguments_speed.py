@@ -1,6 +1,7 @@
 """Bad arguments of the speed and system benchmarks (benchmarks/prefix_attention.py, cpu_kernels.py, ray_system.py,
-checkpoint_write.py, weight_sync.py, engine_throughput.py, cpu_engines.py, index_build.py, vs_trl.py, gpu_step.py):
-each exits 2 with one error naming the argument before any work, and leaves the results it would write as they were."""
+checkpoint_write.py, weight_sync.py, engine_throughput.py, cpu_engines.py, index_build.py, vs_trl.py, gpu_step.py,
+gpu_checkpoint.py): each exits 2 with one error naming the argument before any work, and leaves the results it would
+write as they were."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ CASES = [  # (script, argv, what stderr says)
     pytest.param("engine_throughput", ["--arch", "tiny", "--device", "cuda"],
                  "--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu or auto", marks=no_cuda),
     ("engine_throughput", ["--arch", "tiny", "--prompt-tokens", "9000"], "longer than the 8192 positions"),
+    ("gpu_checkpoint", ["--tokenizer", "/nonexistent"], "--tokenizer /nonexistent: not a directory"),
     ("cpu_engines", ["--threads", "-1"], "argument --threads: '-1': must be at least 0"),
     ("cpu_engines", ["--batches", "x"], "argument --batches: 'x' is not an integer"),
     ("cpu_engines", ["--candidates", "hf,bogus"], "argument --candidates: unknown 'bogus'"),
