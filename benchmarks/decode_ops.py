@@ -184,7 +184,7 @@ def profile_steps(run, device: str) -> tuple[float, list[tuple[str, float]]]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device == "cuda"
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         run()
     totals: collections.Counter = collections.Counter()
     for event in prof.key_averages():
