@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ziprl.boundary import not_utf8
+from ziprl.cli.common import at_least, listed  # noqa: F401  (the benchmarks' argument types)
 from ziprl.outputs import OutputError, locked, printable, work_dir
 from ziprl.paths import atomic_write_text
 from ziprl.policy.cpu.isa import cpu_flags
@@ -140,23 +141,6 @@ def in_work_dir(path: str | Path, body: Callable[[Path], None], what: str = "",
     return 0
 
 
-def at_least(low: float, kind: type = int) -> Callable[[str], float]:
-    """An argparse ``type``: a ``kind`` (int or float) of at least ``low``, checked when the arguments are parsed
-    (so a bad value exits 2 before any work); nan is refused."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {'an integer' if kind is int else 'a number'}"
-                                             ) from None
-        if not value >= low:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at least {low}")
-        return value
-
-    return parse
-
-
 def model_dir(text: str) -> Path:
     """An argparse ``type``: a model directory (``config.json`` and safetensors weights), made absolute (a benchmark's
     runs may start elsewhere)."""
@@ -170,18 +154,6 @@ def model_dir(text: str) -> Path:
         return validate_model_dir(path)
     except ModelPathError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def listed(item: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse ``type``: comma-separated values, each parsed by ``item`` (e.g. ``at_least(1)``), at least one."""
-
-    def parse(text: str) -> list:
-        values = [item(part.strip()) for part in text.split(",") if part.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give at least one comma-separated value")
-        return values
-
-    return parse
 
 
 def results_name(name: str) -> str:

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from ziprl.boundary import run_command
+from ziprl.cli.common import at_least  # noqa: E402
 from ziprl.config import ModelConfig, RetrieverConfig, ZipRLConfig, load_config  # noqa: E402
 from ziprl.env import SearchCompressEnv  # noqa: E402
 from ziprl.learner.batch import MicroBatch, TurnRow, make_micro_batches  # noqa: E402
@@ -37,7 +39,13 @@ from ziprl.learner.step import update_step  # noqa: E402
 from ziprl.learner.step_stats import StepStats  # noqa: E402
 from ziprl.learner.trainer import tis_cap  # noqa: E402
 from ziprl.policy import make_engine  # noqa: E402
-from ziprl.policy.models import build_tiny_llama, load_model, resolve_model_path, torch_dtype  # noqa: E402
+from ziprl.policy.models import (  # noqa: E402
+    build_tiny_llama,
+    load_model,
+    resolve_model_path,
+    torch_dtype,
+    validate_model_dir,
+)
 from ziprl.policy.rollout import rollout_groups  # noqa: E402
 from ziprl.retrieval.datasets import load_dataset  # noqa: E402
 from ziprl.retrieval.retriever import Retriever  # noqa: E402
@@ -131,20 +139,23 @@ def one_step(model_dir: Path, questions: int = 2, group_size: int = 2, seed: int
             "pushed_bytes": pushed["bytes"], "engine_version": float(engine.version)}
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+@run_command
+def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="an HF checkpoint directory (default: a tiny random Llama)")
-    ap.add_argument("--questions", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--questions", type=at_least(1), default=2)
+    ap.add_argument("--group-size", type=at_least(2), default=2, help="episodes per question (a GRPO group)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.model is not None:
+        validate_model_dir(args.model.expanduser())  # ModelPathError (exit 2) before anything loads
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_llama(resolve_model_path(ModelConfig()), Path(tmp) / "tiny-llama")
         out = one_step(model, args.questions, args.group_size, args.seed)
     for key, value in out.items():
         print(f"{key:>16}: {value:.6g}")
-    return out
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

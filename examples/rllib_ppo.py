@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Any
 
 import ray
@@ -28,6 +29,8 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
+from ziprl.boundary import run_command
+from ziprl.cli.common import at_least
 from ziprl.integrations.rllib import make_tokenized_env
 
 ENV_NAME = "ziprl-tokenized"
@@ -79,18 +82,19 @@ def build_config(env_config: dict[str, Any], model: str = "bag", num_env_runners
     raise ValueError(f"model must be 'bag' or 'mlp', got {model!r}")
 
 
-def main() -> None:
+@run_command
+def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--iterations", type=at_least(1), default=5)
     p.add_argument("--model", choices=["bag", "mlp"], default="bag")
-    p.add_argument("--num-env-runners", type=int, default=0)
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
-    p.add_argument("--train-batch", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--num-candidates", type=int, default=8)
-    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--num-env-runners", type=at_least(0), default=0)
+    p.add_argument("--num-cpus", type=at_least(1), default=None, help="CPUs of the local Ray cluster (default: all)")
+    p.add_argument("--train-batch", type=at_least(1), default=64)
+    p.add_argument("--max-len", type=at_least(1), default=512)
+    p.add_argument("--num-candidates", type=at_least(1), default=8)
+    p.add_argument("--max-turns", type=at_least(1), default=6)
     p.add_argument("--tokenizer", default=None, help="local HF tokenizer directory (default: the embedded policy's)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False)
     tune.register_env(ENV_NAME, make_tokenized_env)
@@ -109,7 +113,8 @@ def main() -> None:
     finally:
         algo.stop()
         ray.shutdown()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,7 +44,8 @@ MARKER_FORMAT = 1
 KINDS = {"run": "a train/launch run", "sft": "an SFT run", "index": "a retrieval index", "eval": "an eval report",
          "bench": "a benchmark's working directory", "model": "a model directory export_model wrote",
          "data": "a generated data set", "bench-hrr_vs_grpo": "hrr_vs_grpo.py's working directory",
-         "bench-retrieval_scale": "retrieval_scale.py's working directory"}
+         "bench-retrieval_scale": "retrieval_scale.py's working directory",
+         "example-trl_grpo": "examples/trl_grpo.py's output directory"}
 DEFAULT_KIND = "run"  # a marker without a kind: written when runs were the only kind
 SHOWN = 5  # offending entries named in an error
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from tests.conftest import REPO
 from ziprl.config import EnvConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.protocol import parse_turn
@@ -182,3 +183,16 @@ def test_errors_are_explicit():
 def test_module_imports_neither_torch_nor_ray():
     code = "import sys, ziprl.integrations.rllib; assert not {'torch', 'ray'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("flag", ["--num-candidates", "--max-len", "--iterations", "--num-cpus", "--train-batch"])
+def test_the_ppo_example_refuses_a_count_below_one_before_ray_starts(tmp_path, flag):
+    pytest.importorskip("ray")
+    run = subprocess.run([sys.executable, str(REPO / "examples" / "rllib_ppo.py"), flag, "0"], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.stderr
+    assert f"{flag}: '0': must be at least 1" in errors[0]
+    assert "Traceback" not in run.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from tests.conftest import REPO
 from ziprl.config import SamplingConfig
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn
@@ -95,3 +100,50 @@ def test_grpo_trainer_step_on_the_env(coin_policy, tmp_path, monkeypatch):
     assert (tmp_path / "run" / "trajectories" / "step_000001.parquet").is_file()
     changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
     assert changed, "GRPOTrainer did not change any weight"
+
+
+def _example(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``examples/trl_grpo.py`` run with ``args`` in ``tmp_path`` (its own empty cache)."""
+    env = {**os.environ, "ZIPRL_CACHE": str(tmp_path / "cache"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    return subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo.py"), *args], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env)
+
+
+def _one_error(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    return errors[0]
+
+
+def _listing(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--questions", "0"], "--questions: '0': must be at least 1"),
+    (["--steps", "0"], "--steps: '0': must be at least 1"),
+    (["--steps", "-1"], "--steps: '-1': must be at least 1"),
+    (["--generations", "1"], "--generations: '1': must be at least 2"),
+    (["--strategy", "bogus"], "invalid choice: 'bogus'"),
+    (["--model", "/nonexistent/model"], "is not a local directory"),
+])
+def test_the_trl_example_refuses_bad_arguments_before_anything_loads_or_is_written(tmp_path, args, says):
+    assert says in _one_error(_example(tmp_path, *args, "--out", str(tmp_path / "out")))
+    assert _listing(tmp_path) == []
+
+
+def test_the_trl_example_refuses_an_out_directory_it_did_not_write(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "trajectories").mkdir(parents=True)
+    (run_dir / "trajectories" / "step_000001.parquet").write_bytes(b"a ziprl.train run's trajectories")
+    (tmp_path / "afile").write_text("keep me")
+    before = _listing(tmp_path)
+    err = _one_error(_example(tmp_path, "--out", str(run_dir)))
+    assert "examples/trl_grpo.py's output directory" in err
+    assert "choose another --out" in err
+    assert "exists and is not a directory" in _one_error(_example(tmp_path, "--out", str(tmp_path / "afile")))
+    assert _listing(tmp_path) == before
+    assert (run_dir / "trajectories" / "step_000001.parquet").read_bytes() == b"a ziprl.train run's trajectories"
+    assert (tmp_path / "afile").read_text() == "keep me"

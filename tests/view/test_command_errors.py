@@ -304,3 +304,54 @@ def test_decoder_skips_ids_out_of_range(tmp_path):
     assert run.decode is not None
     assert run.decode(ids) == "Question: a"
     assert episode(run, 0)["turns"][0]["memory"] is None
+
+
+def _tokenizer_dir(path: Path) -> Path:
+    """A tiny tokenizer.json whose decoded prompts look like ZipRL prompts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"Question:": 0, "a": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+_NULL_TURN = pa.struct([("prompt_ids", pa.list_(pa.int64())), ("response_text", pa.string())])
+
+
+@pytest.mark.parametrize("turns, problem", [
+    ([[{"prompt_ids": [0, None, 1], "response_text": "x"}]], "'prompt_ids' holds 1 null id"),
+    ([[None, {"prompt_ids": [0], "response_text": "x"}]], "'turns' holds 1 null turn"),
+    ([[{"prompt_ids": [0], "response_text": "x"}, None]], "'turns' holds 1 null turn"),
+])
+def test_a_file_with_null_turns_or_null_prompt_ids_is_refused_before_anything_is_written(tmp_path, fails, turns,
+                                                                                         problem):
+    traj = tmp_path / "run" / "trajectories"
+    traj.mkdir(parents=True)
+    table = pa.table({"question": ["Q?"], "turns": pa.array(turns, pa.list_(_NULL_TURN))})
+    pq.write_table(table, traj / "step_000001.parquet")
+    tokenizer = _tokenizer_dir(tmp_path / "tok")
+    before = listing(tmp_path)
+    for extra in (["--tokenizer", str(tokenizer), "--out", str(tmp_path / "r.html")],
+                  ["--tokenizer", "none", "--out", str(tmp_path / "r.html")],
+                  ["--tokenizer", str(tokenizer), "--port", "0"]):
+        err = fails([str(tmp_path / "run"), *extra])
+        assert "step_000001.parquet" in err
+        assert problem in err
+        assert "ziprl.train" in err
+    assert listing(tmp_path) == before
+    with pytest.raises(ValueError, match=problem):
+        load_run(tmp_path / "run")
+
+
+def test_a_file_with_null_turns_beside_good_ones_is_skipped_and_the_rest_is_served(run_dir, tmp_path, capsys):
+    bad = pa.table({"question": ["Q?"], "turns": pa.array([[None]], pa.list_(_NULL_TURN))})
+    pq.write_table(bad, run_dir / "trajectories" / "step_000003.parquet")
+    run = load_run(run_dir)
+    assert [p.name for p, _ in run.skipped] == ["step_000003.parquet"]
+    assert all(episode(run, i)["turns"] for i in range(run.num_episodes))
+    out = tmp_path / "r.html"
+    assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
+    assert "null turn" in capsys.readouterr().err
+    assert out.is_file()

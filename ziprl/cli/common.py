@@ -1,10 +1,12 @@
-"""What several commands share: config overrides from flags, the arguments of a training run, and the check of
-its inputs (an evaluation's too) that comes before its output directory is touched."""
+"""What several commands share: config overrides from flags, the arguments of a training run, the check of its
+inputs (an evaluation's too) that comes before its output directory is touched, and argument types that check a
+value when it is parsed (the benchmarks' and the examples' too)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from ziprl.config import ZipRLConfig
@@ -75,3 +77,32 @@ def check_inputs(cfg: ZipRLConfig) -> None:
                              ("retriever.embeddings", r.embeddings, Path.is_file)):
         if value is not None and not ok(Path(value).expanduser()):
             raise RetrieverError(f"{field} {value} does not exist; set it to an existing path, or null for the default")
+
+
+def at_least(low: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse ``type``: a ``kind`` (int or float) of at least ``low``, checked when the arguments are parsed
+    (so a bad value exits 2 before any work); nan is refused."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {'an integer' if kind is int else 'a number'}"
+                                             ) from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at least {low}")
+        return value
+
+    return parse
+
+
+def listed(item: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse ``type``: comma-separated values, each parsed by ``item`` (e.g. ``at_least(1)``), at least one."""
+
+    def parse(text: str) -> list:
+        values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give at least one comma-separated value")
+        return values
+
+    return parse

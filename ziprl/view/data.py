@@ -143,13 +143,27 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
+def null_problem(table: pa.Table) -> str | None:
+    """Why a table that passed :func:`schema_problem` still cannot be shown: a null turn inside an episode's
+    'turns' or a null id inside a turn's 'prompt_ids' (None if there is neither)."""
+    for chunk in table.column("turns").chunks:
+        turns = chunk.flatten()  # the turns of all episodes (null episodes' lists hold none)
+        if turns.null_count:
+            return f"column 'turns' holds {turns.null_count} null turn(s), expected a per-turn struct each"
+        if "prompt_ids" in {f.name for f in turns.type}:
+            ids = turns.field("prompt_ids")
+            if not pa.types.is_null(ids.type) and (n := ids.flatten().null_count):
+                return f"per-turn field 'prompt_ids' holds {n} null id(s), expected integers only"
+    return None
+
+
 def read_source(path: Path) -> pa.Table:
     """One trajectory file's table; ValueError saying why it is not one."""
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, MemoryError) as exc:
         raise ViewerError(f"not a readable Parquet file ({one_line(exc)[:200]})") from None
-    problem = schema_problem(table.schema)
+    problem = schema_problem(table.schema) or null_problem(table)
     if problem:
         raise ViewerError(f"not a ZipRL trajectory file: {problem}")
     return table
