@@ -1,11 +1,14 @@
 """The output rule of the scripts that write a directory (make_invented.py, make_sample.py, viewer_demo_run.py):
 the directory is new, empty, or an earlier output of the same script (its marker, :data:`ziprl.outputs.MARKER`,
-names the script); anything else is refused before anything is written. A rerun replaces only the files the
-script writes, by name; nothing is deleted."""
+names the script); anything else is refused before anything is written. The output is built in a temporary
+directory beside it (so its parent must be writable, checked up front); a rerun then replaces only the files the
+script writes, by name (in its subdirectories too), once every one of them was checked to be a plain file or
+absent: nothing is deleted, and a refused rerun changes nothing."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,14 +34,65 @@ def checked_out(out_dir: str | Path, kind: str, script: str) -> Path:
                           f"naming it); nothing was written: choose a new or empty directory")
     if used:
         refuse_links(out)
+    if out.is_dir():
+        check_parent(out)
     return out
+
+
+def check_parent(out: Path) -> None:
+    """OutputError unless a file can be created in the parent of the existing directory ``out``, where
+    :func:`building` makes its temporary directory (tried: permission bits say nothing for root)."""
+    try:
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        why = exc.strerror or "no permission or a read-only file system"
+        raise OutputError(f"--out {out}: the output is built beside it and moved in, but its parent directory "
+                          f"{out.parent} cannot be written ({why}); nothing was written: make {out.parent} writable, "
+                          "or choose an --out in a directory you can write") from None
+
+
+def _kind_of(path: Path) -> str | None:
+    """What ``path`` is when it is neither absent nor a plain file ("a directory", "a symbolic link", ...)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a symbolic link" if stat.S_ISLNK(mode) else "a special file (not a plain file)"
+
+
+def _moves(built: Path, out: Path, problems: list[str]) -> list[tuple[Path, Path]]:
+    """The (built, target) pairs that put what :func:`building` built into the existing directory ``out``: a new
+    entry is moved as it is, a file replaces its plain-file namesake, a directory is merged into its real-directory
+    namesake; anything else is named in ``problems`` (and nothing moved)."""
+    pairs = []
+    for src in sorted(built.iterdir(), key=lambda p: (p.name == MARKER, p.name)):  # the marker last
+        dst = out / src.name
+        if not os.path.lexists(dst):
+            pairs.append((src, dst))
+        elif src.is_dir() and not src.is_symlink():
+            if dst.is_symlink() or not dst.is_dir():
+                problems.append(f"{dst} is {_kind_of(dst) or 'a file'}, not a directory")
+            else:
+                pairs += _moves(src, dst, problems)
+        elif (what := _kind_of(dst)) is not None:
+            problems.append(f"{dst} is {what}, not a file")
+        else:
+            pairs.append((src, dst))
+    return pairs
 
 
 @contextmanager
 def building(out: Path, kind: str) -> Iterator[Path]:
     """A temporary directory beside ``out`` to build an output of ``kind`` in (checked by :func:`checked_out`),
     marked when the block ends: it then becomes ``out`` when ``out`` is new; otherwise its files replace their
-    namesakes in ``out``, which is kept (it may be a user's empty directory)."""
+    namesakes in ``out``, which is kept (it may be a user's empty directory). Every namesake is checked first: when
+    one is not a plain file (a directory where a file goes, a link, a special file), OutputError names it and ``out``
+    is left as it was."""
     if not out.exists():
         with atomic_dir(out) as tmp:
             yield tmp
@@ -47,7 +101,16 @@ def building(out: Path, kind: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
         yield Path(tmp)
         write_marker(tmp, kind)
-        for f in sorted(Path(tmp).iterdir()):
-            fsync(f)
-            os.replace(f, out / f.name)
-        fsync(out)
+        problems: list[str] = []
+        pairs = _moves(Path(tmp), out, problems)
+        if problems:
+            raise OutputError(f"--out {out}: {shown(problems)}, where this script writes a file of its own; nothing was "
+                              "changed: move it out of the directory, or choose another --out")
+        for src, dst in pairs:
+            if src.is_dir():
+                for f in src.rglob("*"):
+                    fsync(f)
+            fsync(src)
+            os.replace(src, dst)
+        for folder in sorted({dst.parent for _, dst in pairs}):
+            fsync(folder)

@@ -14,6 +14,7 @@ index: to rebuild it, write to a new --out and copy the files over.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from pathlib import Path
@@ -21,8 +22,17 @@ from pathlib import Path
 from _script_out import building, checked_out
 
 from ziprl.boundary import UserError, run_command
+from ziprl.cli.common import at_least
 from ziprl.retrieval.corpus import write_corpus
-from ziprl.retrieval.datasets import DatasetError, default_shared_dir, shared_file, write_qa_jsonl
+from ziprl.retrieval.datasets import (
+    DEPRECATED_SHARED_ENV,
+    SHARED_ENV,
+    WHERE_TO_GET_DATA,
+    DatasetError,
+    default_shared_dir,
+    shared_file,
+    write_qa_jsonl,
+)
 from ziprl.retrieval.sets.hotpotqa import TRAIN as HOTPOT_TRAIN
 from ziprl.retrieval.sets.hotpotqa import load_hotpot_train
 from ziprl.retrieval.sets.musique import TRAIN as MUSIQUE_TRAIN
@@ -77,8 +87,19 @@ the retriever uses it only while its manifest matches the shipped corpus.
 
 
 def short(ex: QAExample, max_words: int) -> bool:
-    a = ex.answers[0]
-    return len(a.split()) <= max_words and a.strip().lower() not in ("yes", "no")
+    """Whether the first gold answer of ``ex`` is non-empty, at most ``max_words`` words, and not yes/no."""
+    a = ex.answers[0].strip() if ex.answers else ""
+    return 0 < len(a.split()) <= max_words and a.lower() not in ("yes", "no")
+
+
+def shared_dir(flag: str | None) -> Path:
+    """The data directory: ``--shared``, else ``$ZIPRL_DATA``; DatasetError naming both when neither is given."""
+    if flag:
+        return Path(flag)
+    if not (os.environ.get(SHARED_ENV) or os.environ.get(DEPRECATED_SHARED_ENV)):
+        raise DatasetError(f"make_sample.py reads HotpotQA and MuSiQue from a data directory and none is given: pass "
+                           f"--shared DATA_DIR or set {SHARED_ENV}=DATA_DIR; {WHERE_TO_GET_DATA}")
+    return default_shared_dir()
 
 
 def choose(shared: Path, args: argparse.Namespace) -> tuple[list[QAExample], list[QAExample], list[Passage], int]:
@@ -89,10 +110,20 @@ def choose(shared: Path, args: argparse.Namespace) -> tuple[list[QAExample], lis
     hotpot = [e for e in load_hotpot_train(shared_file(HOTPOT_TRAIN, shared)) if short(e, args.max_words)]
     musique = [e for e in load_musique_train(shared_file(MUSIQUE_TRAIN, shared)) if short(e, args.max_words)]
     hotpot, musique = hotpot[:args.per_source], musique[:args.per_source]
+    for name, chosen in (("HotpotQA", hotpot), ("MuSiQue", musique)):
+        if not chosen:
+            raise DatasetError(f"no {name} training question has a non-empty, non yes/no answer of at most "
+                               f"{args.max_words} words; nothing was written: raise --max-words, or check the data "
+                               "directory's files (docs/data.md)")
 
     # every context paragraph of the chosen questions, located in the pooled corpus by (title, text)
     contexts = context_paragraphs(shared)
-    own = {by_key[par] for e in hotpot + musique for par in contexts[e.id]}
+    lost = [(e.id, title) for e in hotpot + musique for title, text in contexts.get(e.id, []) if (title, text) not in by_key]
+    if lost:
+        raise DatasetError(f"{len(lost)} context paragraphs of the chosen questions are not in the pooled corpus (e.g. "
+                           f"question {lost[0][0]!r}, paragraph {lost[0][1]!r}); nothing was written: check the data "
+                           "directory's HotpotQA and MuSiQue files (docs/data.md)")
+    own = {by_key[par] for e in hotpot + musique for par in contexts.get(e.id, [])}
     rest = [i for i in range(len(pooled)) if i not in own]
     n_distractors = max(0, args.passages - len(own))
     if n_distractors > len(rest):
@@ -117,13 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shared", default=None, help="the data directory (default: $ZIPRL_DATA; docs/data.md)")
     ap.add_argument("--out", required=True, help="a new or empty directory, or an earlier output of this script "
                     "(the shipped ziprl/data/sample/ predates the marker: write elsewhere and copy the files over)")
-    ap.add_argument("--per-source", type=int, default=30, help="questions from each of HotpotQA and MuSiQue")
-    ap.add_argument("--passages", type=int, default=2000, help="total corpus size")
-    ap.add_argument("--max-words", type=int, default=3, help="longest gold answer kept, in words")
+    ap.add_argument("--per-source", type=at_least(1), default=30, help="questions from each of HotpotQA and MuSiQue")
+    ap.add_argument("--passages", type=at_least(0), default=2000,
+                    help="total corpus size (at least the chosen questions' context paragraphs)")
+    ap.add_argument("--max-words", type=at_least(1), default=3, help="longest gold answer kept, in words")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     out = checked_out(args.out, "data", Path(__file__).name)
-    hotpot, musique, passages, n_own = choose(Path(args.shared) if args.shared else default_shared_dir(), args)
+    hotpot, musique, passages, n_own = choose(shared_dir(args.shared), args)
     check_supported(hotpot + musique, passages)
     with building(out, "data") as tmp:
         write_qa_jsonl(hotpot + musique, tmp / "qa.jsonl")

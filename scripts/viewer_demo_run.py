@@ -5,7 +5,8 @@
 Three "training step" files (adaptive; the teacher answers wrong on a shrinking share of questions, and
 one turn per episode is malformed early on) and eval files for adaptive and react, with real prompt ids
 (SmolLM2's chat template), so the viewer decodes each turn's memory and raw observation. OUT is new, empty, or an
-earlier output of this script (scripts/_script_out.py), checked before anything loads; a rerun replaces its files.
+earlier output of this script (scripts/_script_out.py), checked before anything loads; the model's tokenizer, the
+sample and the retriever load next, then the run is built beside OUT and moved in (a rerun replaces its files).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from _script_out import checked_out
+from _script_out import building, checked_out
 
 from ziprl.boundary import run_command
 from ziprl.config import ModelConfig, RetrieverConfig
@@ -22,7 +23,6 @@ from ziprl.env.chat import chat_ids
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.env.trajectory import Trajectory, Turn, save_trajectories
-from ziprl.outputs import write_marker
 from ziprl.policy.models import load_tokenizer, resolve_model_path
 from ziprl.retrieval.datasets import load_dataset
 from ziprl.retrieval.retriever import Retriever
@@ -56,20 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="runs/viewer_demo", help="the run directory to write")
     out_dir = checked_out(ap.parse_args(argv).out, "bench", Path(__file__).name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_marker(out_dir, "bench")
+    # every input loads before anything is written: a failing load leaves OUT as it was
     tok = load_tokenizer(resolve_model_path(ModelConfig()))
     examples = load_dataset("sample", limit=8)
     retriever = Retriever.from_config(RetrieverConfig())
-    for step in (1, 2, 3):
-        env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 8}, retriever=retriever)
-        trajs = [play(env, tok, ex, wrong=i % 4 < 3 - step, malformed=i % 3 == step % 3, version=step)
-                 for i, ex in enumerate(examples)]
-        save_trajectories(trajs, out_dir / "trajectories" / f"step_{step:06d}.parquet")
-    for strategy in ("adaptive", "react"):
-        env = SearchCompressEnv({"strategy": strategy, "max_turns": 8}, retriever=retriever)
-        save_trajectories([play(env, tok, ex, False, False, 3) for ex in examples],
-                          out_dir / f"trajectories_{strategy}.parquet")
+    with building(out_dir, "bench") as tmp:
+        for step in (1, 2, 3):
+            env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 8}, retriever=retriever)
+            trajs = [play(env, tok, ex, wrong=i % 4 < 3 - step, malformed=i % 3 == step % 3, version=step)
+                     for i, ex in enumerate(examples)]
+            save_trajectories(trajs, tmp / "trajectories" / f"step_{step:06d}.parquet")
+        for strategy in ("adaptive", "react"):
+            env = SearchCompressEnv({"strategy": strategy, "max_turns": 8}, retriever=retriever)
+            save_trajectories([play(env, tok, ex, False, False, 3) for ex in examples],
+                              tmp / f"trajectories_{strategy}.parquet")
     print(f"wrote {out_dir}")
     return 0
 

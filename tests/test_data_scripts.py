@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,9 +25,27 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"make_sample.py r
                                   "or $ZIPRL_DATA; docs/data.md), which is not here")
 
 
-def run(script: str, *args: str) -> subprocess.CompletedProcess:
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=300, env=env or {**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Like ``digests``, but a named pipe is recorded as one instead of read (reading it would block)."""
+    out: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        out[str(p.relative_to(root))] = (("link", os.readlink(p)) if p.is_symlink() else "fifo" if p.is_fifo()
+                                         else "dir" if p.is_dir() else p.read_bytes())
+    return out
+
+
+def module(name: str, monkeypatch):
+    """The script ``name`` (scripts/NAME.py) loaded as a module, so a test can replace what it calls."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
 
 
 def refused(done: subprocess.CompletedProcess | tuple[int, str]) -> str:
@@ -82,6 +101,52 @@ def test_make_invented_writes_a_new_or_empty_directory_and_rewrites_its_own(tmp_
     assert (empty / "train.jsonl").read_bytes() == seed0
 
 
+@pytest.mark.parametrize("what", ["directory", "fifo", "link"])
+def test_a_rerun_over_an_entry_that_is_not_a_plain_file_is_refused_and_changes_nothing(tmp_path, what):
+    """An earlier output whose train.jsonl became a directory (a named pipe, a link): the rerun names that entry, not a
+    temporary path, and no file holds the new seed's content (README.md, the corpus and heldout.jsonl were replaced
+    before the directory stopped the rerun)."""
+    out = tmp_path / "inv"
+    assert run("make_invented.py", "--out", str(out)).returncode == 0
+    (out / "train.jsonl").unlink()
+    if what == "directory":
+        users(out, "train.jsonl/the user's file")
+    elif what == "fifo":
+        os.mkfifo(out / "train.jsonl")
+    else:
+        (out / "train.jsonl").symlink_to(out / "heldout.jsonl")
+    before, around = snapshot(out), sorted(p.name for p in tmp_path.iterdir())
+    line = refused(run("make_invented.py", "--out", str(out), "--seed", "7"))
+    assert {"directory": f"{out / 'train.jsonl'} is a directory, not a file",
+            "fifo": f"{out / 'train.jsonl'} is a special file", "link": f"{out} holds links (train.jsonl)"}[what] in line
+    assert "choose another --out" in line and f".{out.name}." not in line
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == around  # no temporary directory left beside it
+
+
+def test_an_unwritable_parent_is_refused_up_front_naming_out(tmp_path, monkeypatch, capsys):
+    """The output is built beside --out: a parent where no file can be created is named with --out before anything is
+    built (it was an error naming a temporary path). Root writes through permission bits, so the failing write is
+    simulated."""
+    out = tmp_path / "inv"
+    assert run("make_invented.py", "--out", str(out)).returncode == 0  # its marker names the script
+    script = module("make_invented", monkeypatch)
+    before = digests(out)
+    real = tempfile.TemporaryFile
+
+    def no_write_in_parent(*args, **kwargs):
+        if Path(kwargs.get("dir") or "") == tmp_path:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_write_in_parent)
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda *a, **k: pytest.fail("built although refused"))
+    code = script.main(["--out", str(out), "--seed", "7"])
+    line = refused((code, capsys.readouterr().err))
+    assert f"--out {out}" in line and f"parent directory {tmp_path} cannot be written (Permission denied)" in line
+    assert digests(out) == before
+
+
 # ---------------------------------------------------------------- make_sample.py
 
 
@@ -104,15 +169,56 @@ def test_make_sample_refuses_more_passages_than_the_pool_before_writing(tmp_path
 def test_make_sample_checks_the_supporting_titles_before_writing(tmp_path, monkeypatch, capsys):
     """A question whose supporting title no passage has: exit 2, nothing written (qa.jsonl and the corpus were
     written before the check, and the exit code was 1)."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("make_sample", SCRIPTS / "make_sample.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = module("make_sample", monkeypatch)
     load = script.load_hotpot_train
     monkeypatch.setattr(script, "load_hotpot_train", lambda path: [
         replace(e, supporting_titles=[*e.supporting_titles, "No such title"]) for e in load(path)])
     code = script.main(["--out", str(tmp_path / "s")])
     assert "supporting titles are missing from the sample corpus" in refused((code, capsys.readouterr().err))
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_shared
+def test_make_sample_refuses_a_context_paragraph_missing_from_the_corpus_naming_question_and_paragraph(
+        tmp_path, monkeypatch, capsys):
+    """A question whose context paragraph is not in the pooled corpus: exit 2 naming both (it was a KeyError)."""
+    script = module("make_sample", monkeypatch)
+    contexts = script.context_paragraphs
+    monkeypatch.setattr(script, "context_paragraphs", lambda shared: {
+        q: [*pars, ("No such paragraph", "nowhere")] for q, pars in contexts(shared).items()})
+    code = script.main(["--out", str(tmp_path / "s"), "--per-source", "1"])
+    line = refused((code, capsys.readouterr().err))
+    assert "not in the pooled corpus" in line and "'No such paragraph'" in line and "question '" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--per-source", "-1", "'-1': must be at least 1"), ("--per-source", "0", "'0': must be at least 1"),
+    ("--max-words", "-3", "'-3': must be at least 1"), ("--passages", "-100", "'-100': must be at least 0"),
+    ("--passages", "many", "'many' is not an integer")])
+def test_make_sample_refuses_a_count_out_of_range_before_reading_anything(tmp_path, flag, value, message):
+    done = run("make_sample.py", "--out", str(tmp_path / "s"), flag, value)
+    assert done.returncode == 2 and f"error: argument {flag}: {message}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_shared
+def test_make_sample_drops_empty_answers_and_refuses_an_empty_selection(tmp_path, monkeypatch, capsys):
+    """Questions whose answer is empty are not kept (they were, as answers [""]); none left: exit 2, nothing
+    written."""
+    script = module("make_sample", monkeypatch)
+    load = script.load_hotpot_train
+    monkeypatch.setattr(script, "load_hotpot_train", lambda path: [replace(e, answers=[" "]) for e in load(path)])
+    code = script.main(["--out", str(tmp_path / "s"), "--per-source", "1"])
+    assert "no HotpotQA training question has a non-empty" in refused((code, capsys.readouterr().err))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_make_sample_without_a_data_directory_names_its_shared_flag(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("ZIPRL_DATA", "ZIPRL_SHARED_DATA")}
+    line = refused(run("make_sample.py", "--out", str(tmp_path / "s"), env=env))
+    assert "pass --shared DATA_DIR or set ZIPRL_DATA=DATA_DIR" in line and "--set" not in line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -140,6 +246,21 @@ def test_viewer_demo_run_refuses_a_directory_it_did_not_write(tmp_path, marker):
     before = digests(out)
     assert str(out) in refused(run("viewer_demo_run.py", str(out)))
     assert digests(out) == before
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_viewer_demo_run_loads_its_inputs_before_it_creates_or_marks_out(tmp_path, existing):
+    """A cache that cannot be used (ZIPRL_CACHE naming a file): exit 2, and --out is neither created nor marked (it
+    was left holding only a marker)."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.write_text("a file, not a directory\n")
+    if existing:
+        out.mkdir()
+    before = digests(tmp_path)
+    line = refused(run("viewer_demo_run.py", str(out), env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                             "ZIPRL_CACHE": str(cache)}))
+    assert str(cache) in line
+    assert digests(tmp_path) == before
 
 
 def test_viewer_demo_run_writes_a_new_directory_and_rewrites_its_own(tmp_path):

@@ -240,6 +240,30 @@ def test_the_closure_pins_a_requirement_and_all_it_needs_as_installed_here():
         _wheels.closure("not-installed-anywhere")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["closure", "bad[req"], "'bad[req' is not a requirement"),
+    (["closure", ""], "'' is not a requirement"),
+    (["missing", "{tmp}/wheels"], "{tmp}/wheels/not-a-wheel.whl is not a wheel"),
+    (["missing", "/nonexistent"], "the wheel directory does not exist"),
+    (["missing", "{tmp}/a-file"], "the wheel directory is not a directory"),
+    (["closure"], "usage: python scripts/_wheels.py closure REQUIREMENT")])
+def test_the_wheel_helpers_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
+    """A requirement that does not parse, a file that is not a wheel, a wheel directory that is not one: exit 2 with
+    one ``error:`` line and nothing on stdout (it was a traceback, or an empty list that installed nothing)."""
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "not-a-wheel.whl").write_text("not a wheel\n")
+    (tmp_path / "a-file").write_text("a file\n")
+    before = digests(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "_wheels.py"),
+                           *(a.replace("{tmp}", str(tmp_path)) for a in args)], capture_output=True, text=True,
+                          timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert message.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert done.stdout == ""
+    assert digests(tmp_path) == before
+
+
 def wheel(folder: Path, name: str, version: str) -> Path:
     """A pure-Python wheel of one module ``name``."""
     import zipfile
