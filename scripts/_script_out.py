@@ -40,8 +40,11 @@ def checked_out(out_dir: str | Path, kind: str, script: str) -> Path:
 
 
 def check_parent(out: Path) -> None:
-    """OutputError unless a file can be created in the parent of the existing directory ``out``, where
-    :func:`building` makes its temporary directory (tried: permission bits say nothing for root)."""
+    """OutputError unless a file can be created in the parent of the existing directory ``out``, on ``out``'s file
+    system, where :func:`building` makes its temporary directory (tried: permission bits say nothing for root)."""
+    if os.stat(out.parent).st_dev != os.stat(out).st_dev:  # a mount point: the build could not be moved in
+        raise OutputError(f"--out {out} is a mount point (its parent {out.parent} is another file system), and the "
+                          "output is built beside it and moved in; nothing was written: choose a directory inside it")
     try:
         with tempfile.TemporaryFile(dir=out.parent):
             pass

@@ -147,6 +147,28 @@ def test_an_unwritable_parent_is_refused_up_front_naming_out(tmp_path, monkeypat
     assert digests(out) == before
 
 
+def test_an_out_that_is_a_mount_point_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    """The output is built beside --out and moved in: across file systems that move would fail halfway, so an --out
+    on another file system than its parent is refused before anything is built (simulated: the parent's device
+    differs)."""
+    out = tmp_path / "inv"
+    assert run("make_invented.py", "--out", str(out)).returncode == 0
+    script = module("make_invented", monkeypatch)
+    before = digests(out)
+    real = os.stat
+
+    def other_device(path, *args, **kwargs):
+        st = real(path, *args, **kwargs)
+        return os.stat_result((*tuple(st)[:2], st.st_dev + 1, *tuple(st)[3:])) if Path(path) == tmp_path else st
+
+    monkeypatch.setattr(os, "stat", other_device)
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda *a, **k: pytest.fail("built although refused"))
+    line = refused((script.main(["--out", str(out), "--seed", "7"]), capsys.readouterr().err))
+    assert f"--out {out} is a mount point" in line
+    monkeypatch.undo()
+    assert digests(out) == before
+
+
 # ---------------------------------------------------------------- make_sample.py
 
 
