@@ -16,10 +16,21 @@ from ziprl.cli import index, sft, train
 from ziprl.config import load_config
 from ziprl.env.demos import is_demos_file, write_demos
 from ziprl.evaluation.harness import is_eval_entry
-from ziprl.outputs import LOCK, MARKER, OutputError, check_file, locked, own_dir, plan_dir, read_marker
+from ziprl.outputs import (
+    LOCK,
+    MARKER,
+    OutputError,
+    check_file,
+    locked,
+    own_dir,
+    plan_dir,
+    read_marker,
+    refuse_inputs_inside,
+)
 from ziprl.retrieval.index_build import adopt_index, build_index
 from ziprl.retrieval.index_files import RetrieverError
 from ziprl.rundir import claim_run_dir, plan_run_dir, prepare_run_dir
+from ziprl.testing.local_model import passing_model_dir
 from ziprl.testing.outputs import DEMO_ROW, StubEncoder, corpus, digests, fake_checkpoint, vectors
 from ziprl.view import command as view
 
@@ -150,6 +161,39 @@ def test_a_marker_that_is_a_directory_says_so(work, capsys, flags, no_models):
     assert train.main(["--out", "run", *flags]) == 2
     assert f"has a {MARKER} that is a directory, not the marker file" in capsys.readouterr().err
     assert digests(work) == before
+
+
+def test_overwrite_refuses_to_delete_an_input_the_command_reads(work, capsys, no_models):
+    """``--overwrite`` deletes the entries its kind writes, and an input may live in one (a model an earlier SFT run
+    wrote, a model kept in a run's trajectories/, a demos file put inside model/): the command is refused before the
+    delete, naming the input, and every file stays (it used to delete the input, then fail reading it)."""
+    from ziprl.learner.sft import SFT_WRITES
+
+    sft_dir = own_dir(work / "s", "sft", SFT_WRITES)
+    (sft_dir / "model").mkdir()
+    write_demos([DEMO_ROW], sft_dir / "model" / "d.parquet")
+    run = work / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    passing_model_dir(run / "trajectories" / "m")
+    ev = own_dir(work / "ev", "eval", ["noise_0.5"])
+    (ev / "noise_0.5").mkdir()
+    before = digests(work)
+    for command, argv, held in (
+            (sft, ["--demos", "s/model/d.parquet", "--out", "s", "--overwrite"], "s/model/d.parquet"),
+            (sft, ["--demos", "s/model/d.parquet", "--set", "model.path=s/model", "--out", "s", "--overwrite"],
+             "s/model/d.parquet"),
+            (train, ["--out", "run", "--overwrite", "--sft-checkpoint", "run/trajectories/m"], "run/trajectories/m"),
+            (eval_cmd, ["--model", "ev/noise_0.5", "--out", "ev", "--overwrite"], "ev/noise_0.5")):
+        assert command.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"which holds the input {held}; nothing was deleted" in err, err
+        assert digests(work) == before
+
+
+def test_an_input_outside_what_overwrite_deletes_passes(work):
+    refuse_inputs_inside([work / "run" / "checkpoints"], [work / "run" / "checkpoints-old", None, "elsewhere"])
+    with pytest.raises(OutputError, match="would delete .*checkpoints, which holds the input run/checkpoints/x"):
+        refuse_inputs_inside([work / "run" / "checkpoints"], ["run/checkpoints/x"])
 
 
 # ---------------------------------------------------------------- kinds

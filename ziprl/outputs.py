@@ -294,6 +294,18 @@ def plan_dir(out_dir: str | Path, kind: str, overwrite: bool, owns: Callable[[st
     return OutputPlan(out, kind, owns, overwrite, plan_replace(out, kind, owns) if in_use else ())
 
 
+def refuse_inputs_inside(deleted: Iterable[Path], inputs: Iterable[str | Path | None]) -> None:
+    """OutputError, nothing touched, when one of ``inputs`` (paths the command reads; None for one not given) is, or
+    lies inside, an entry ``--overwrite`` would delete: checked before the delete, the input would be gone after."""
+    gone = [Path(p).resolve() for p in deleted]
+    for given in filter(None, inputs if gone else ()):
+        path = Path(given).expanduser().resolve()
+        for entry in gone:
+            if path == entry or entry in path.parents:
+                raise OutputError(f"--overwrite would delete {entry}, which holds the input {given}; nothing was "
+                                  "deleted: move that input out of --out, or choose another --out")
+
+
 def delete(paths: Iterable[Path]) -> None:
     """Delete planned entries; rmtree refuses a symbolic link and never follows one inside."""
     for entry in paths:

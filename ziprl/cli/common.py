@@ -41,14 +41,15 @@ def command_line(prog: str, argv: list[str]) -> str:
     return shlex.join([f"python -m {prog}", *argv])
 
 
-def check_inputs(cfg: ZipRLConfig) -> None:
+def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     """Raise on a bad input of a run (train, launch) or an evaluation before anything is written or deleted
-    (seconds, no model loads).
+    (seconds, no model loads); an input inside an entry of ``deleted`` (what ``--overwrite`` deletes) too.
 
     Model and SFT checkpoint directories are checked, not loaded; the dataset's questions are loaded with the
     loader's own validation; an explicit corpus is read up to its first passage; index, encoder and
     embedding paths must exist.
     """
+    from ziprl.outputs import refuse_inputs_inside
     from ziprl.policy.models import check_model_paths
     from ziprl.registry import DATASETS
     from ziprl.retrieval.corpus import CorpusError, iter_corpus
@@ -57,9 +58,12 @@ def check_inputs(cfg: ZipRLConfig) -> None:
     from ziprl.retrieval.index_files import RetrieverError
     from ziprl.retrieval.retriever import rebuild_hint
 
+    r = cfg.retriever
+    dataset = None if cfg.data.dataset in DATASETS else cfg.data.dataset  # a path; a name is the package's
+    refuse_inputs_inside(deleted, (cfg.model.path, cfg.run.sft_checkpoint, dataset, cfg.data.shared_dir, r.corpus,
+                                   r.index_dir, r.encoder, r.embeddings))
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     load_questions(cfg.data)
-    r = cfg.retriever
     corpus = r.corpus
     if corpus is None and r.index_dir is None and cfg.data.dataset not in DATASETS:
         corpus = str(corpus_for(cfg.data.dataset))  # a QA file's neighbour (a lookup, nothing is built)

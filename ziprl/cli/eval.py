@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = parse_noise_levels(args.noise) if args.noise is not None else None
     if args.resume:  # the settings it ran with, before any model loads
         saved_results(plan.out / ("report.json" if levels is None else "noise.json"), cfg)
-    check_inputs(cfg)  # model, dataset, corpus, index: every input before the first write
+    check_inputs(cfg, plan.delete)  # model, dataset, corpus, index: every input before the first write
     with claim_dir(plan, command_line("ziprl.eval", argv or [])) as out:
         if levels is not None:
             noise_sweep(cfg, strategies, levels, out, resume=args.resume)

@@ -19,6 +19,7 @@ from ziprl.cli.common import command_line
 from ziprl.config import load_config
 from ziprl.learner.sft import check_sft_resume, demo_rows, is_sft_entry, read_demos, run_sft, sft_order
 from ziprl.loop.stop import StopSignals
+from ziprl.outputs import refuse_inputs_inside
 from ziprl.policy.models import check_model_paths, resolve_model_path
 from ziprl.rundir import claim_run_dir, plan_run_dir
 
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     cfg = load_config(args.config, args.set)
     plan = plan_run_dir(args.out, args.resume, args.overwrite, "sft", is_sft_entry)
-    examples = read_demos(args.demos)  # every input is checked before the first write
+    refuse_inputs_inside(plan.delete, (args.demos, cfg.model.path))  # every input is checked before the first write
+    examples = read_demos(args.demos)
     check_model_paths(cfg.model.path)
     if args.resume:  # the checkpoint is of these demos and settings (tokenizing them takes seconds, no model loads)
         check_sft_resume(plan.out, sft_order(cfg, demo_rows(cfg, examples, resolve_model_path(cfg.model))))

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, overrides(run_flags(args), args.set))
     plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
-    check_inputs(cfg)
+    check_inputs(cfg, plan.delete)
     with claim_run_dir(plan, command_line("ziprl.train", argv or [])):  # the first write, once every input is good
         write_config(cfg.run.out_dir, cfg.to_dict())
         train(cfg)

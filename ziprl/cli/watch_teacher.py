@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ziprl.boundary import run_command
+from ziprl.cli.common import at_least
 from ziprl.config import ConfigError, EnvConfig, ScoringConfig
 from ziprl.env import SearchCompressEnv
 from ziprl.env.scripted import ScriptedTeacher
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--episodes", type=int, default=2)
     ap.add_argument("--strategy", default="adaptive", choices=list(STRATEGIES))
     ap.add_argument("--level-scale", type=float, default=0.5)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=at_least(0), default=0)
     args = ap.parse_args(argv)
     if args.episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")

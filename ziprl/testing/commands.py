@@ -150,6 +150,7 @@ CASES = [
     case("ziprl.watch_teacher", "--level-scale NaN", "--level-scale", "nan"),
     case("ziprl.watch_teacher", "--level-scale not a number", "--level-scale", "big"),
     case("ziprl.watch_teacher", "--seed not a number", "--seed", "x"),
+    case("ziprl.watch_teacher", "--seed negative", "--seed", "-1"),
     case("ziprl.watch_teacher", "unknown flag", "--bogus"),
     case("ziprl.index", "no subcommand"),
     case("ziprl.index", "unknown subcommand", "rebuild"),
