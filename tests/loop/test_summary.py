@@ -130,7 +130,7 @@ def test_train_prints_the_summary_when_the_run_ends(tmp_path, monkeypatch, capsy
         return {}
 
     monkeypatch.setattr(command, "train", fake_train)
-    monkeypatch.setattr(command, "check_inputs", lambda cfg: None)
+    monkeypatch.setattr(command, "check_inputs", lambda cfg, deleted=(): None)
     monkeypatch.chdir(tmp_path)
     assert command.main(["--out", "run", "--sft-checkpoint", "sft", "--set", "env.max_turns=4"]) == 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())  # what the run was trained with
