@@ -17,9 +17,9 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from ziprl.boundary import not_utf8
-from ziprl.cli.common import at_least, listed  # noqa: F401  (the benchmarks' argument types)
-from ziprl.outputs import OutputError, locked, printable, work_dir
+from ziprl.boundary import not_utf8, printable
+from ziprl.cli.common import at_least, listed, one_of  # noqa: F401  (the benchmarks' argument types)
+from ziprl.outputs import OutputError, locked, work_dir
 from ziprl.paths import atomic_write_text
 from ziprl.policy.cpu.isa import cpu_flags
 

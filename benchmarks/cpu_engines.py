@@ -53,7 +53,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from _common import at_least, listed, results_name, write_results
+from _common import at_least, listed, one_of, results_name, write_results
 from engine_throughput import QUESTIONS
 
 from ziprl.config import ModelConfig, SamplingConfig
@@ -260,17 +260,6 @@ def candidate_names() -> tuple[str, ...]:
     """Every name :func:`build` knows (ct2-<type> for each of CT2_TYPES, with and without -rows)."""
     ct2 = tuple(f"ct2-{t}{rows}" for t in CT2_TYPES for rows in ("", "-rows"))
     return (*HF_CANDIDATES, "static-bf16", "static-bf16-compile", *ct2, *LLAMACPP_DTYPES)
-
-
-def one_of(choices: tuple[str, ...]) -> Any:
-    """An argparse ``type`` (with :func:`listed`, an item's): a name among ``choices``."""
-
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"unknown {text[:40]!r}; choose from {', '.join(choices)}")
-        return text
-
-    return parse
 
 
 def skip_reason(name: str) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from _common import at_least, results_name, write_results
-from gpu_step import ARCHS, build_model, unknown_archs
+from gpu_step import ARCHS, build_model, refuse_tokenizer, unknown_archs
 
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, load_tokenizer, resolve_model_path
@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.device == "cuda" and not torch.cuda.is_available():
             ap.error("--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu or auto")
-        if args.tokenizer and not Path(args.tokenizer).is_dir():
-            ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
-                     "--tokenizer out")
+        refuse_tokenizer(ap, args.tokenizer)
         longest = min(ARCHS[a][1]["max_position_embeddings"] for a in args.arch.split(","))
         if args.prompt_tokens + args.new_tokens > longest:
             ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the "

@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import results_name, write_results  # noqa: E402
-from gpu_step import ARCHS, build_model, gpu_setup, unknown_archs  # noqa: E402
+from gpu_step import ARCHS, build_model, gpu_setup, refuse_tokenizer, unknown_archs  # noqa: E402
 
 
 def gathered(trainer, copy) -> None:
@@ -92,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if unknown_archs(args.archs, "gpu_checkpoint"):
         return 2
-    if args.tokenizer and not Path(args.tokenizer).is_dir():
-        ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
-                 "--tokenizer out")
+    refuse_tokenizer(ap, args.tokenizer)
     setup = gpu_setup("gpu_checkpoint", args.tokenizer)
     if setup is None:
         return 0

@@ -233,6 +233,12 @@ def measure(arch: str, tokenizer, args, workdir: Path) -> dict:
     return row
 
 
+def refuse_tokenizer(ap: argparse.ArgumentParser, tokenizer: str | None) -> None:
+    """``ap.error`` (exit 2) when ``--tokenizer`` is given and is not a directory."""
+    if tokenizer and not Path(tokenizer).is_dir():
+        ap.error(f"--tokenizer {tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave --tokenizer out")
+
+
 def unknown_archs(archs: str, prog: str) -> bool:
     """Whether the comma-separated ``archs`` name one not in ARCHS; if so ``prog``'s error names it and the choices."""
     unknown = [a for a in archs.split(",") if a not in ARCHS]
@@ -293,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt_tokens + args.new_tokens > longest:
         ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the {longest} "
                  f"positions of --archs {args.archs}; give fewer tokens")
-    if args.tokenizer and not Path(args.tokenizer).is_dir():
-        ap.error(f"--tokenizer {args.tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave "
-                 "--tokenizer out")
+    refuse_tokenizer(ap, args.tokenizer)
     from ziprl.config import ConfigError
 
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import at_least, listed, model_dir, portable, results_name, write_results  # noqa: E402
+from _common import at_least, listed, model_dir, one_of, portable, results_name, write_results  # noqa: E402
 
 from ziprl.boundary import UserError  # noqa: E402
 from ziprl.config import load_config  # noqa: E402
@@ -70,20 +70,13 @@ def profile(variant: str, args: argparse.Namespace, out: Path) -> dict:
     return row
 
 
-def variant_name(text: str) -> str:
-    """An argparse ``type``: a name of :data:`VARIANTS`."""
-    if text not in VARIANTS:
-        raise argparse.ArgumentTypeError(f"unknown variant {text[:40]!r}; choose from {', '.join(VARIANTS)}")
-    return text
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "learn-cpu.yaml"),
                     help="the run's settings")
     ap.add_argument("--model", type=model_dir, help="start from this model directory (e.g. the Stage-1 model)")
     ap.add_argument("--steps", type=at_least(2), default=2, help="steps per variant (at least 2: the first warms up)")
-    ap.add_argument("--variants", type=listed(variant_name), default=["unshared", "float32", "bf16"],
+    ap.add_argument("--variants", type=listed(one_of(VARIANTS, "variant ")), default=["unshared", "float32", "bf16"],
                     help=f"comma-separated, in this order, of {', '.join(VARIANTS)}")
     ap.add_argument("--name", type=results_name, default="step_profile")
     args = ap.parse_args()

@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, at_least, listed, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, listed, one_of, results_name, write_results  # noqa: E402
 
 from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
@@ -48,17 +47,6 @@ SHAPES = {"0.1B": (768, 12, 2048, 256, 32000), "0.5B": (896, 24, 4864, 128, 1519
 
 
 TRANSPORTS = ("object_store", "collective")
-
-
-def one_of(choices) -> Callable[[str], str]:
-    """An argparse ``type`` (with :func:`listed`, an item's): a name among ``choices``."""
-
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"unknown {text[:40]!r}; choose from {', '.join(choices)}")
-        return text
-
-    return parse
 
 
 def model_shapes(size: str) -> dict[str, tuple[int, ...]]:

@@ -140,6 +140,12 @@ def _drop_stdout(stream) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
+def printable(arg: str) -> str:
+    """A command-line argument as text: bytes that are not UTF-8 (which Python keeps as lone surrogates) as ``\\xNN``
+    escapes, so a marker or a result can record any argument a path may hold."""
+    return arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def not_utf8(args: list[str]) -> str | None:
     """Why ``args`` cannot be taken (an argument whose bytes are not UTF-8, kept by Python as lone surrogates, which
     no file written or library called may hold), or None."""
@@ -147,8 +153,7 @@ def not_utf8(args: list[str]) -> str | None:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
-            shown_arg = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            return (f"argument {i} ('{shown_arg[:80]}') is not UTF-8 text; nothing was done: give paths and text "
+            return (f"argument {i} ('{printable(arg)[:80]}') is not UTF-8 text; nothing was done: give paths and text "
                     "in UTF-8")
     return None
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ziprl.boundary import UserError
+from ziprl.boundary import UserError, printable
 from ziprl.paths import atomic_write_json
 
 MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
@@ -147,12 +147,6 @@ def write_marker(out: str | Path, kind: str, command: str | None = None) -> Path
     command = command if command is not None else " ".join(map(printable, [Path(sys.argv[0]).name, *sys.argv[1:]]))
     return atomic_write_json(Path(out) / MARKER, {"format": MARKER_FORMAT, "kind": kind, "created": time.strftime(
         "%Y-%m-%dT%H:%M:%S%z"), "command": command})
-
-
-def printable(arg: str) -> str:
-    """A command-line argument as text: bytes that are not UTF-8 (which Python keeps as lone surrogates) as ``\\xNN``
-    escapes, so a marker or a result can record any argument a path may hold."""
-    return arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _check_marker(out: Path, kind: str) -> None:

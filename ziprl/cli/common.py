@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ziprl.config import ZipRLConfig
@@ -108,5 +108,18 @@ def listed(item: Callable[[str], object]) -> Callable[[str], list]:
         if not values:
             raise argparse.ArgumentTypeError(f"{text[:40]!r}: give at least one comma-separated value")
         return values
+
+    return parse
+
+
+def one_of(choices: Iterable[str], what: str = "") -> Callable[[str], str]:
+    """An argparse ``type`` (with :func:`listed`, an item's): a name among ``choices``; ``what`` names the kind
+    in the error ("variant ")."""
+    known = tuple(choices)
+
+    def parse(text: str) -> str:
+        if text not in known:
+            raise argparse.ArgumentTypeError(f"unknown {what}{text[:40]!r}; choose from {', '.join(known)}")
+        return text
 
     return parse

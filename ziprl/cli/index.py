@@ -21,6 +21,7 @@ import logging
 import sys
 
 from ziprl.boundary import run_command
+from ziprl.cli.common import at_least
 from ziprl.config import RetrieverConfig
 from ziprl.retrieval.retriever import Encoder, Retriever, adopt_index, build_index
 
@@ -67,27 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--index", required=True, help="index directory")
     s.add_argument("query")
     s.add_argument("-k", type=int, default=5)
-    s.add_argument("--nprobe", type=not_negative, default=DEFAULTS.nprobe,
+    s.add_argument("--nprobe", type=at_least(0), default=DEFAULTS.nprobe,
                    help="IVF lists visited per query; 0 = FAISS's default")
-    s.add_argument("--ef-search", type=not_negative, default=DEFAULTS.ef_search,
+    s.add_argument("--ef-search", type=at_least(0), default=DEFAULTS.ef_search,
                    help="HNSW search breadth; 0 = FAISS's default")
-    s.add_argument("--k-factor", type=not_negative, default=DEFAULTS.k_factor,
+    s.add_argument("--k-factor", type=at_least(0), default=DEFAULTS.k_factor,
                    help="re-ranked candidates per hit; 0 = FAISS's default")
     o = sub.add_parser("open", help="print one passage in full")
     o.add_argument("--index", required=True, help="index directory")
     o.add_argument("doc_id")
     return ap
-
-
-def not_negative(text: str) -> int:
-    """An argparse ``type``: an integer >= 0 (a search setting, where 0 leaves FAISS's default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 for FAISS's default or a positive count")
-    return value
 
 
 @run_command

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from ziprl import config
+from ziprl.boundary import printable
 from ziprl.cli import demos, index, launch, sft, train, watch_teacher
 from ziprl.cli import eval as eval_cmd
-from ziprl.outputs import printable
 from ziprl.view import command as view
 
 COMMANDS = {"ziprl.launch": launch.main, "ziprl.train": train.main, "ziprl.eval": eval_cmd.main,
