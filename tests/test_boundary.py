@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ziprl.boundary import run_command
+from ziprl.boundary import UserError, one_line, run_command
 from ziprl.cli import demos, index, launch, sft, train
 from ziprl.cli import eval as eval_cmd
 from ziprl.cli import watch_teacher as demo
@@ -224,3 +224,19 @@ def test_errors_of_resumed_state_are_the_users_to_fix(tmp_path):
         QuestionStream([])
     for exc in (broken.value, empty.value):
         assert run_command(lambda argv, exc=exc: (_ for _ in ()).throw(exc))([]) == 2
+
+
+def test_an_error_a_ray_actor_raised_is_told_by_its_own_message():
+    """Ray re-raises an actor's error as a RayTaskError that is also an instance of it (``cause``: the error), and
+    whose text is Ray's whole traceback dump: the line is the actor's error's own message."""
+
+    class Actor(UserError):
+        pass
+
+    class RayTaskErrorLike(Actor):  # what ray.exceptions.RayTaskError.as_instanceof_cause builds
+        def __init__(self, cause):
+            super().__init__("ray::LearnerRank.load() (pid=1)\n  File ...\n" + str(cause))
+            self.cause = cause
+
+    assert one_line(RayTaskErrorLike(Actor("checkpoint c does not fit this model"))) == \
+        "checkpoint c does not fit this model"

@@ -21,6 +21,7 @@ from ziprl.outputs import (
     MARKER,
     OutputError,
     check_file,
+    entries,
     locked,
     own_dir,
     plan_dir,
@@ -164,30 +165,32 @@ def test_a_marker_that_is_a_directory_says_so(work, capsys, flags, no_models):
 
 
 def test_overwrite_refuses_to_delete_an_input_the_command_reads(work, capsys, no_models):
-    """``--overwrite`` deletes the entries its kind writes, and an input may live in one (a model an earlier SFT run
-    wrote, a model kept in a run's trajectories/, a demos file put inside model/): the command is refused before the
-    delete, naming the input, and every file stays (it used to delete the input, then fail reading it)."""
+    """``--overwrite`` deletes the entries its kind writes, and an input may be one (a model an earlier SFT run wrote,
+    a run's trajectories/ given as a model) or lie in one (a demos file put inside model/, which SFT does not write
+    there): the command is refused before the delete, naming the input, and every file stays (it used to delete
+    the input, then fail reading it)."""
     from ziprl.learner.sft import SFT_WRITES
 
     sft_dir = own_dir(work / "s", "sft", SFT_WRITES)
-    (sft_dir / "model").mkdir()
-    write_demos([DEMO_ROW], sft_dir / "model" / "d.parquet")
+    passing_model_dir(sft_dir / "model")
+    write_demos([DEMO_ROW], work / "d.parquet")
     run = work / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
-    passing_model_dir(run / "trajectories" / "m")
+    (run / "trajectories").mkdir()
     ev = own_dir(work / "ev", "eval", ["noise_0.5"])
     (ev / "noise_0.5").mkdir()
     before = digests(work)
     for command, argv, held in (
-            (sft, ["--demos", "s/model/d.parquet", "--out", "s", "--overwrite"], "s/model/d.parquet"),
-            (sft, ["--demos", "s/model/d.parquet", "--set", "model.path=s/model", "--out", "s", "--overwrite"],
-             "s/model/d.parquet"),
-            (train, ["--out", "run", "--overwrite", "--sft-checkpoint", "run/trajectories/m"], "run/trajectories/m"),
+            (sft, ["--demos", "d.parquet", "--set", "model.path=s/model", "--out", "s", "--overwrite"], "s/model"),
+            (train, ["--out", "run", "--overwrite", "--sft-checkpoint", "run/trajectories"], "run/trajectories"),
             (eval_cmd, ["--model", "ev/noise_0.5", "--out", "ev", "--overwrite"], "ev/noise_0.5")):
         assert command.main(argv) == 2
         err = capsys.readouterr().err
         assert f"which holds the input {held}; nothing was deleted" in err, err
         assert digests(work) == before
+    write_demos([DEMO_ROW], sft_dir / "model" / "d.parquet")  # inside an entry, and not one SFT writes there
+    assert sft.main(["--demos", "s/model/d.parquet", "--out", "s", "--overwrite"]) == 2
+    assert "does not write (model/d.parquet); nothing was deleted" in capsys.readouterr().err
 
 
 def test_an_input_outside_what_overwrite_deletes_passes(work):
@@ -218,9 +221,35 @@ def test_overwrite_replaces_only_what_its_kind_wrote(work):
     (out / "report.json").write_text("{}")
     plan = plan_dir(out, "eval", True, is_eval_entry)
     assert plan.delete == (out / "report.json",)
+    (out / "noise_0.5").mkdir()  # a noise sweep's cell, with what it writes
+    (out / "noise_0.5" / "trajectories_react.parquet").write_bytes(b"PAR1")
+    assert plan_dir(out, "eval", True, is_eval_entry).delete == (out / "noise_0.5", out / "report.json")
+    (out / "noise_0.5" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"entries an eval report does not write \(noise_0\.5/notes\.txt\)"):
+        plan_dir(out, "eval", True, is_eval_entry)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match=r"entries an eval report does not write \(notes\.txt\)"):
         plan_dir(out, "eval", True, is_eval_entry)
+
+
+@pytest.mark.parametrize("marker", ['{"format": 1, "kind": [1]}', '{"format": 1, "kind": null}', "[1]"])
+def test_a_marker_of_another_shape_is_no_marker(work, marker, capsys):
+    (work / "run").mkdir()
+    (work / "run" / MARKER).write_text(marker)
+    (work / "run" / "metrics.jsonl").write_text("{}\n")
+    assert read_marker(work / "run") is None
+    before = digests(work)
+    assert train.main(["--out", "run", "--resume"]) == 2
+    assert f"has a {MARKER} that is not a ZipRL marker" in capsys.readouterr().err
+    assert digests(work) == before
+
+
+def test_entries_name_what_an_output_writes_deep_inside_and_its_temporary_copies():
+    owns = entries("report\\.json", r"shard-\d+(?:/index\.faiss)?")
+    assert all(map(owns, ["report.json", ".report.json.0123abcd.tmp", "shard-0", "shard-0/index.faiss",
+                          ".shard-0.k2j_h4xz", ".shard-0.k2j_h4xz/anything/inside", "shard-0/.index.faiss.x.tmp"]))
+    assert not any(map(owns, ["notes", "shard-0/notes", ".report.json", ".report.json.", "..report.json.x",
+                              "report.json/x", ".shard-x.tmp/index.faiss"]))
 
 
 def test_stage1_cache_writes_demos_then_sft_into_one_directory_and_again_after_a_kill(work):

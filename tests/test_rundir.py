@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ziprl.cli import launch, train
 from ziprl.learner.checkpoint import clean_orphans, latest_checkpoint, save_checkpoint, verify_checkpoint
 from ziprl.outputs import MARKER, OutputError, read_marker
-from ziprl.rundir import prepare_run_dir, write_config
+from ziprl.rundir import plan_run_dir, prepare_run_dir, write_config
 from ziprl.testing.learner import make_cfg, requires_deepspeed
 
 
@@ -86,9 +86,10 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path):
 def test_resume_returns_the_verified_latest_and_cleans_killed_writes(run_dir, tmp_path):
     out = copy_run(run_dir, tmp_path)
     root = out / "checkpoints"
-    (root / ".step_2-deadbeef.tmpxyz").mkdir()  # what a killed write leaves
-    (root / ".step_2-deadbeef.tmpxyz" / "model.safetensors").write_bytes(b"partial")
-    (root / ".latest.tmp").write_text("step_2-deadbeef\n")
+    (root / ".step_2-deadbeef.k2j_h4xz").mkdir()  # what a killed write leaves (atomic_dir's, atomic_path's names)
+    (root / ".step_2-deadbeef.k2j_h4xz" / "model.safetensors").write_bytes(b"partial")
+    (root / ".step_1-deadbeef.old-0123abcd").mkdir()
+    (root / ".latest.0123abcd.tmp").write_text("step_2-deadbeef\n")
     assert read_marker(out) is None  # a run of a ZipRL older than the marker still resumes, and is marked
     assert prepare_run_dir(out, resume=True, overwrite=False) == latest_checkpoint(out)
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
@@ -339,3 +340,91 @@ def test_overwrite_never_removes_anything_that_is_not_a_marked_run(tree, marked,
     with pytest.raises(OutputError, match="nothing was deleted"):
         prepare_run_dir(root, resume=False, overwrite=True)
     assert snapshot(root) == before
+
+
+@requires_deepspeed
+def test_resume_keeps_what_a_killed_write_did_not_leave(run_dir, tmp_path):
+    """Only the names atomic writes give their temporary files are cleaned: a user's look-alikes stay."""
+    out = copy_run(run_dir, tmp_path)
+    root = out / "checkpoints"
+    (root / ".latest.bak").write_text("mine")
+    (root / ".step_mine").mkdir()
+    (root / ".step_mine" / "keep").write_text("mine")
+    prepare_run_dir(out, resume=True, overwrite=False)
+    assert (root / ".latest.bak").read_text() == "mine" and (root / ".step_mine" / "keep").read_text() == "mine"
+
+
+@requires_deepspeed
+def test_resume_with_nothing_left_to_train_is_refused(run_dir, tmp_path, capsys):
+    """The checkpoint is at step 1: --steps 1 would load the model, train nothing and report success."""
+    out = copy_run(run_dir, tmp_path)
+    with pytest.raises(OutputError, match=r"is at step 1 already .*pass --steps greater than 1"):
+        plan_run_dir(out, resume=True, overwrite=False, steps=1)
+    assert plan_run_dir(out, resume=True, overwrite=False, steps=2).resume_from == latest_checkpoint(out)
+    assert train.main(["--out", str(out), "--resume", "--steps", "1"]) == 2
+    assert "is at step 1 already" in capsys.readouterr().err
+
+
+@requires_deepspeed
+def test_a_lost_latest_pointer_points_to_the_checkpoint_that_is_left(run_dir, tmp_path):
+    """Not --overwrite, which would delete the complete checkpoint still there."""
+    out = copy_run(run_dir, tmp_path)
+    name = latest_checkpoint(out).name
+    (out / "checkpoints" / "latest").unlink()
+    with pytest.raises(OutputError, match=rf"resume from it with `echo {name} > .*latest`") as err:
+        prepare_run_dir(out, resume=True, overwrite=False)
+    assert "pass --overwrite" in str(err.value)  # offered second
+
+
+def test_a_finished_sft_is_not_sent_to_overwrite(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(OutputError, match=rf"SFT run finished: its model is {tmp_path / 'model'}"):
+        plan_run_dir(tmp_path, resume=True, overwrite=False, kind="sft")
+
+
+@requires_deepspeed
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
+def test_resume_names_a_run_file_that_is_not_a_file(name, run_dir, tmp_path):
+    out = copy_run(run_dir, tmp_path)
+    (out / name).mkdir()
+    with pytest.raises(OutputError, match=rf"{out / name} is not a file"):
+        prepare_run_dir(out, resume=True, overwrite=False)
+
+
+@requires_deepspeed
+@pytest.mark.parametrize("field,value", [("step", "x"), ("step", True), ("step", -1), ("data_position", "x"),
+                                         ("optimizer", [])])
+def test_resume_refuses_state_fields_of_the_wrong_type(field, value, run_dir, tmp_path):
+    out = copy_run(run_dir, tmp_path)
+    state = latest_checkpoint(out) / "state.json"
+    state.write_text(json.dumps(json.loads(state.read_text()) | {field: value}))
+    with pytest.raises(OutputError, match=rf"state.json's {field} is not what a checkpoint write puts there"):
+        prepare_run_dir(out, resume=True, overwrite=False)
+
+
+@pytest.mark.parametrize("where,named", [("checkpoints/notes.txt", None), ("checkpoints/step_1-abcd1234/mine.bin", None),
+                                         ("checkpoints/.step_mine/keep", "checkpoints/.step_mine"),
+                                         ("trajectories/my_analysis.ipynb", None), ("trajectories/dropped/x.csv", None),
+                                         ("tb/mine/keep", "tb/mine"), ("tb/notes", None)])
+def test_overwrite_refuses_a_run_holding_a_foreign_file_deep_inside(where, named, away):
+    """A file a user put inside checkpoints/, trajectories/ or tb/ is not deleted with the directory; a foreign
+    directory is named, not its contents."""
+    run = marked_run(away / "run")
+    (run / where).parent.mkdir(parents=True, exist_ok=True)
+    (run / where).write_text("mine")
+    before = snapshot(run)
+    with pytest.raises(OutputError, match=rf"does not write \({named or where}\).*nothing was deleted"):
+        prepare_run_dir(run, resume=False, overwrite=True)
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_every_entry_a_run_writes_deep_inside(away):
+    run = marked_run(away / "run")
+    for rel in ("trajectories/dropped/step_000001.parquet", "checkpoints/step_1-abcd1234/model.safetensors",
+                "checkpoints/.step_2-abcd1234.k2j_h4xz/model.safetensors", "checkpoints/.latest.0123abcd.tmp",
+                ".metrics.jsonl.0123abcd.tmp"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_bytes(b"ziprl")
+    assert prepare_run_dir(run, resume=False, overwrite=True) is None
+    assert [p.name for p in run.iterdir()] == [MARKER]

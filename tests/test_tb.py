@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ziprl.tb import MetricsLogger
@@ -46,3 +47,20 @@ def test_a_logger_that_logged_nothing_leaves_the_run_as_it_was(tmp_path):
     before = (tmp_path / "metrics.jsonl").read_text()
     MetricsLogger(tmp_path).close()  # a resumed run that failed before its first step
     assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_rows_that_are_not_utf8_are_dropped_as_torn(tmp_path):
+    _run(tmp_path, [1, 2], 0.0)
+    with (tmp_path / "metrics.jsonl").open("ab") as f:
+        f.write(b'\xff\xfe x\n{"step": 1.5, "k": "\xff"}\n')  # the first reading failed mid-resume, after a step ran
+    _run(tmp_path, [3], 10.0)
+    assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
+
+
+def test_an_output_that_cannot_be_written_fails_when_opened_before_any_step(tmp_path):
+    (tmp_path / "metrics.jsonl").mkdir()
+    logger = MetricsLogger(tmp_path)
+    with pytest.raises(IsADirectoryError):
+        logger.open(3)
+    logger.close()  # nothing was opened: closing names no other error
+    assert not (tmp_path / "tb").exists()

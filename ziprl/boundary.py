@@ -89,6 +89,8 @@ def one_line(exc: BaseException) -> str:
     A condition of :data:`OS_CONDITIONS` names its path (where the error carries it) and the fix; a NUL byte in
     a path says to remove it. Over-long values are shortened.
     """
+    while isinstance(exc, UserError) and isinstance(getattr(exc, "cause", None), UserError):
+        exc = exc.cause  # Ray's RayTaskError(<the actor's error>): that error's own message, not Ray's dump
     code = None if isinstance(exc, UserError) else os_condition(exc)
     if code is not None and isinstance(exc, OSError) and exc.errno == code:
         where = "" if exc.filename is None else f"{exc.filename}: "

@@ -61,7 +61,7 @@ class OutputPlan:
 
     out: Path
     kind: str
-    owns: Callable[[str], bool]  # whether a top-level name is one this kind writes (:func:`entries`)
+    owns: Callable[[str], bool]  # whether an entry (a relative path) is one this kind writes (:func:`entries`)
     overwrite: bool = False
     delete: tuple[Path, ...] = ()
     resume: bool = False
@@ -73,11 +73,21 @@ def shown(names: list[str]) -> str:
 
 
 def entries(*patterns: str) -> Callable[[str], bool]:
-    """Whether a top-level name is one an output writes: the marker, the lock, a name matching one of ``patterns``
-    (regular expressions), or a temporary copy of one (``.<name>.<anything>``, as atomic writes leave when killed)."""
-    names = "|".join([re.escape(MARKER), re.escape(LOCK), *patterns])
-    pattern = re.compile(rf"(?:{names})|\.(?:{names})\..+")
-    return lambda name: pattern.fullmatch(name) is not None
+    r"""Whether an entry of an output (its path relative to the output, ``/``-separated) is one the output writes:
+    the marker, the lock, a path matching one of ``patterns`` (regular expressions over the whole relative path, so
+    a directory's contents are named too, e.g. ``tb(?:/events\.out\.tfevents\.[^/]+)?``), or a temporary copy of
+    one (``.<name>.<anything>`` beside it, as atomic writes leave when killed) and everything inside that copy."""
+    pattern = re.compile("|".join(f"(?:{p})" for p in (re.escape(MARKER), re.escape(LOCK), *patterns)))
+
+    def owns(rel: str) -> bool:
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
+            dots = [k for k, ch in enumerate(part) if ch == "." and 1 < k < len(part) - 1] if part[:1] == "." else []
+            if any(pattern.fullmatch("/".join([*parts[:i], part[1:k]])) for k in dots):
+                return True
+        return pattern.fullmatch(rel) is not None
+
+    return owns
 
 
 def normalise(path: str | Path) -> Path:
@@ -125,7 +135,7 @@ def read_marker(out: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or "format" not in data:
+    if not isinstance(data, dict) or "format" not in data or not isinstance(data.get("kind", DEFAULT_KIND), str):
         return None
     return data | {"kind": data.get("kind", DEFAULT_KIND)}
 
@@ -138,7 +148,7 @@ def no_marker(out: Path) -> str:
     if path.is_dir():
         return f"has a {MARKER} that is a directory, not the marker file ZipRL writes"
     if os.path.lexists(path):
-        return f"has a {MARKER} that is not a ZipRL marker (no JSON object with a format)"
+        return f"has a {MARKER} that is not a ZipRL marker (no JSON object with a format and a text kind)"
     return f"has no {MARKER} marker"
 
 
@@ -246,7 +256,8 @@ def _guard_delete(out: Path) -> None:
 
 def plan_replace(out: Path, kind: str, owns: Callable[[str], bool]) -> tuple[Path, ...]:
     """The entries ``--overwrite`` deletes from the used directory ``out`` (all but the marker and the lock);
-    OutputError, nothing touched, unless it is marked ``kind`` and holds only what ``owns`` and no link."""
+    OutputError, nothing touched, unless it is marked ``kind`` and every entry in its tree is one ``owns`` claims,
+    none a link."""
     _guard_delete(out)
     names = sorted(p.name for p in out.iterdir())
     fix = "nothing was deleted"
@@ -255,11 +266,27 @@ def plan_replace(out: Path, kind: str, owns: Callable[[str], bool]) -> tuple[Pat
                           f"({shown(names)}); {fix}. If an older ZipRL wrote it, check it and delete it yourself; "
                           "otherwise choose another --out")
     foreign = [n for n in names if not owns(n)]
+    if not foreign:
+        refuse_links(out, flag="--overwrite: ")
+        foreign = foreign_inside(out, names, owns)
     if foreign:
         raise OutputError(f"--overwrite: {out} holds entries {KINDS[kind]} does not write ({shown(foreign)}); {fix}: "
                           "move them out of the directory, or choose another --out")
-    refuse_links(out, flag="--overwrite: ")
     return tuple(out / n for n in names if n not in (MARKER, LOCK))
+
+
+def foreign_inside(out: Path, names: Iterable[str], owns: Callable[[str], bool]) -> list[str]:
+    """The entries under the top-level directories ``names`` of ``out`` (relative paths) that ``owns`` does not
+    claim: a user's file left in ``checkpoints/`` is not deleted with it. Never follows a link."""
+    found = []
+    for name in names:
+        if not os.path.isdir(top := os.path.join(out, name)) or os.path.islink(top):
+            continue
+        for parent, dirs, files in os.walk(top):
+            rel = os.path.relpath(parent, out).replace(os.sep, "/")
+            found += [f"{rel}/{n}" for n in sorted(dirs + files) if not owns(f"{rel}/{n}")]
+            dirs[:] = [d for d in dirs if owns(f"{rel}/{d}")]  # a foreign directory is named, not its contents
+    return found
 
 
 def plan_dir(out_dir: str | Path, kind: str, overwrite: bool, owns: Callable[[str], bool],

@@ -10,7 +10,8 @@ writes to the plan's ``out``.
 
 A fresh run writes the marker (:data:`ziprl.outputs.MARKER`, kind ``run``) atomically. ``--overwrite`` deletes
 only a directory that carries the marker, only entry by entry, and only when every entry is one a run writes
-(:data:`RUN_FILES`, :data:`RUN_DIRS`, dated configs): anything else, a symbolic or hard link anywhere in the tree
+(:data:`RUN_FILES`, dated configs, and in its directories only what a run writes there:
+:data:`CHECKPOINT_ENTRIES`, :data:`TB_ENTRIES`, :data:`TRAJECTORY_ENTRIES`): anything else, a symbolic or hard link anywhere in the tree
 (runs never create one), or a missing marker (a directory of an older ZipRL included: delete it yourself) is
 refused, naming the offending entries, with nothing touched. ``--out`` itself may be a symbolic link: it is
 resolved, the checks and the protections (working, home and root directories) apply to its target, and the link
@@ -50,8 +51,13 @@ from ziprl.outputs import (
 from ziprl.paths import atomic_write_text
 
 RUN_FILES = (MARKER, LOCK, "config.json", "metrics.jsonl")  # top-level files a run writes
-RUN_DIRS = ("checkpoints", "tb", "trajectories")  # top-level directories a run writes
-is_run_entry = entries(*map(re.escape, RUN_FILES[2:] + RUN_DIRS), r"config\.\d{8}-\d{6}\.json")  # and dated configs
+# the directories a run writes, and what it writes inside them (:func:`ziprl.outputs.entries` patterns; SFT writes
+# the first two too)
+CHECKPOINT_ENTRIES = r"checkpoints(?:/latest|/step_\d+(?:-[0-9a-f]+)?(?:/(?:model|optimizer|rng)\.safetensors|/state\.json)?)?"
+TB_ENTRIES = r"tb(?:/events\.out\.tfevents\.[^/]+)?"
+TRAJECTORY_ENTRIES = r"trajectories(?:/dropped|/(?:dropped/)?step_\d{6,}\.parquet)?"
+is_run_entry = entries(*map(re.escape, RUN_FILES[2:]), r"config\.\d{8}-\d{6}\.json",  # and dated configs
+                       CHECKPOINT_ENTRIES, TB_ENTRIES, TRAJECTORY_ENTRIES)
 
 
 @dataclass(frozen=True)
@@ -67,41 +73,64 @@ class RunDirPlan:
     owns: Callable[[str], bool] = is_run_entry
 
 
-def _plan_resume(out: Path, used: bool) -> Path:
-    """The verified checkpoint ``--resume`` continues from; OutputError if there is none or the run holds a link."""
+def _plan_resume(out: Path, used: bool, steps: int | None = None) -> Path:
+    """The verified checkpoint ``--resume`` continues from; OutputError if there is none, the run holds a link, or
+    the checkpoint is at ``steps`` already (nothing would be trained)."""
     from ziprl.learner.checkpoint import latest_checkpoint, verify_checkpoint
 
     if not used:
         raise OutputError(f"--resume: {out} holds no run to resume; drop --resume to start a new run there")
     refuse_links(out, flag="--resume: ")
+    odd = [n for n in ("config.json", "metrics.jsonl") if (out / n).exists() and not (out / n).is_file()]
+    if odd:
+        raise OutputError(f"--resume: {out / odd[0]} is not a file, as a run writes it; nothing was written: move it "
+                          "out of the run directory")
     try:
         ckpt = latest_checkpoint(out)
     except (FileNotFoundError, ValueError) as exc:
-        raise OutputError(f"--resume: {exc}; pass --overwrite to start over") from None
+        raise OutputError(f"--resume: {exc}; {_recovery(out)}") from None
     if ckpt is None:
-        raise OutputError(f"--resume: {out} has no checkpoint to resume from (no checkpoints/latest); "
-                          "pass --overwrite to start over, or choose another --out")
+        raise OutputError(f"--resume: {out} has no checkpoint to resume from (no checkpoints/latest); {_recovery(out)}")
     try:
         verify_checkpoint(ckpt)
     except ValueError as exc:
-        raise OutputError(f"--resume: {exc}; pass --overwrite to start over") from None
+        raise OutputError(f"--resume: {exc}; {_recovery(out, ckpt.name)}") from None
+    done = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))["step"]
+    if steps is not None and steps <= done:
+        raise OutputError(f"--resume: {out} is at step {done} already ({ckpt.name}); pass --steps greater than {done} "
+                          "to train further")
     return ckpt
 
 
+def _recovery(out: Path, broken: str | None = None) -> str:
+    """What to do when ``out``'s ``latest`` checkpoint cannot be resumed (``broken``: the one it names): point
+    ``latest`` at the newest other complete checkpoint, or, after a finished SFT, use its model; otherwise start
+    over."""
+    from ziprl.learner.checkpoint import complete_checkpoints
+
+    found = [c for c in complete_checkpoints(out) if c.name != broken]
+    if found:
+        return (f"an earlier checkpoint is complete: resume from it with `echo {found[-1].name} > "
+                f"{out / 'checkpoints' / 'latest'}`, or pass --overwrite to start over")
+    if (out / "model" / "config.json").is_file():
+        return f"this SFT run finished: its model is {out / 'model'} (pass --overwrite only to train it again)"
+    return "pass --overwrite to start over, or choose another --out"
+
+
 def plan_run_dir(out_dir: str | Path, resume: bool, overwrite: bool, kind: str = "run",
-                 owns: Callable[[str], bool] = is_run_entry) -> RunDirPlan:
+                 owns: Callable[[str], bool] = is_run_entry, steps: int | None = None) -> RunDirPlan:
     """Check what a run of ``kind`` (writing the entries ``owns`` tells) may do with ``out_dir``, touching nothing;
     OutputError says what to pass instead.
 
     - missing, empty or holding only a bare marker: a fresh run (``--resume`` then fails: there is nothing to resume);
-    - in use: ``--resume`` continues from the checkpoint ``latest`` names (verified), ``--overwrite`` replaces a
-      marked run (see the module doc); with neither, OutputError.
+    - in use: ``--resume`` continues from the checkpoint ``latest`` names (verified, and short of ``steps`` when
+      given), ``--overwrite`` replaces a marked run (see the module doc); with neither, OutputError.
     """
     if resume and overwrite:
         raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or replace the run)")
     if resume:
         out, used = checked_dir(out_dir, kind)
-        return RunDirPlan(out, resume_from=_plan_resume(out, used), kind=kind, owns=owns)
+        return RunDirPlan(out, resume_from=_plan_resume(out, used, steps), kind=kind, owns=owns)
     plan = plan_dir(out_dir, kind, overwrite, owns,
                     fix="pass --resume to continue that run, --overwrite to replace it, or choose another --out")
     return RunDirPlan(plan.out, overwrite, plan.delete, kind=kind, owns=owns)

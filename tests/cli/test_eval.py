@@ -138,3 +138,27 @@ def test_a_stopped_noise_sweep_resumes_with_the_cells_it_lacks(tiny_model_dir, t
     assert after["noise_levels"] == [0.0, 0.5, 1.0]
     assert {s: list(by_p) for s, by_p in after["results"].items()} == {"adaptive": ["0", "1"], "react": ["0", "0.5", "1"]}
     assert {s: {p: c for p, c in by_p.items() if p != "0.5"} for s, by_p in after["results"].items()} == report["results"]
+
+
+@pytest.mark.parametrize("report", ['{"config": {}, "results": ["adaptive"]}', '{"config": [1], "results": {}}',
+                                    '{"config": {}, "results": {"adaptive": 1}}', "directory"])
+def test_resume_refuses_a_report_of_another_shape(report, tmp_path):
+    """A report.json an evaluation did not write (tampered, or a directory) is one error naming it, read before any
+    model loads."""
+    from ziprl.config import load_config
+    from ziprl.evaluation.harness import EvalResumeError, saved_results
+
+    path = tmp_path / "report.json"
+    path.mkdir() if report == "directory" else path.write_text(report)
+    with pytest.raises(EvalResumeError, match=rf"--resume: {path} is not a report ZipRL wrote .*--overwrite"):
+        saved_results(path, load_config(None, []))
+
+
+def test_resume_names_trajectories_it_cannot_read(tmp_path):
+    from ziprl.evaluation.harness import EvalResumeError, kept_trajectories
+
+    (tmp_path / "trajectories_adaptive.parquet").write_bytes(b"PAR1 torn")
+    with pytest.raises(EvalResumeError, match=r"trajectories_adaptive\.parquet cannot be read .*delete it to evaluate "
+                                              r"adaptive again"):
+        kept_trajectories(tmp_path, {"adaptive": {}, "react": {}})
+    assert kept_trajectories(tmp_path, {"react": {}}) == {}  # measured, not written: rolled out again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from ziprl.learner.checkpoint import (
     export_model,
     latest_checkpoint,
     load_checkpoint,
+    remove_checkpoints,
     resumed_learner,
     save_checkpoint,
 )
@@ -176,3 +178,42 @@ def test_a_snapshot_copies_the_trainer_unless_it_is_written_at_once(tiny_model_d
     moments = copied.files["optimizer.safetensors"]
     assert len(moments) == 2 * len(params)
     assert all(t.dtype == torch.float32 for t in moments.values())
+
+
+def test_pruning_and_removal_keep_what_a_user_put_among_the_checkpoints(tiny_model_dir, tmp_path):
+    """Retention skips a checkpoint holding a user's file; an SFT's removal of its checkpoints keeps a user's files
+    and the directory holding them."""
+    run = Trainer(make_cfg(beta=0.0), tiny_model_dir)
+    first = save_checkpoint(run, tmp_path, {}, keep=0)
+    (first / "notes.txt").write_text("mine")
+    for step in (2, 3):
+        run.global_step = step
+        last = save_checkpoint(run, tmp_path, {}, keep=1)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, last.name, "latest"])
+    (root / "mine.txt").write_text("mine")
+    (root / ".step_2-abcd1234.k2j_h4xz").mkdir()  # a killed write's: removed with the checkpoints
+    remove_checkpoints(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, "mine.txt"])
+    assert (first / "notes.txt").read_text() == "mine"
+    (root / "mine.txt").unlink()
+    shutil.rmtree(first)
+    remove_checkpoints(tmp_path)
+    assert not root.exists()
+
+
+def test_a_checkpoint_of_other_shapes_is_refused_before_anything_is_loaded(tiny_model_dir, tmp_path):
+    """Same parameter names, other sizes (a model of another width): one error naming the fix, not a RuntimeError
+    from a copy."""
+    from safetensors.torch import load_file, save_file
+
+    run = Trainer(make_cfg(beta=0.0), tiny_model_dir)
+    path = save_checkpoint(run, tmp_path, {})
+    weights = load_file(path / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name][..., :-1].contiguous()
+    save_file(weights, path / "model.safetensors")
+    before = {n: p.detach().clone() for n, p in run.engine.module.named_parameters()}
+    with pytest.raises(CheckpointError, match=rf"its shapes differ \({name} .*resume with the model the run started"):
+        load_checkpoint(run, tmp_path)
+    assert all(torch.equal(p, before[n]) for n, p in run.engine.module.named_parameters())

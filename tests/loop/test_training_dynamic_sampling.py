@@ -93,6 +93,9 @@ class FakeLogger:
     def __init__(self):
         self.lines: list[tuple[int, dict[str, float]]] = []
 
+    def open(self, first_step):
+        pass
+
     def log(self, step, metrics):
         self.lines.append((step, metrics))
 

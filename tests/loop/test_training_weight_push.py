@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ziprl.config import load_config
 from ziprl.loop.stream import QuestionStream
 from ziprl.loop.training import train_loop
@@ -42,3 +44,17 @@ def test_the_learner_is_told_when_no_rollout_runs_during_its_step(tmp_path):
     push, learner = RecordingPush(), CountingLearner()
     train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), RecordingLogger(), progress=False)
     assert learner.idle == [False, True]
+
+
+def test_a_logger_that_cannot_write_fails_the_run_before_its_first_step(tmp_path):
+    """A damaged metrics output fails before a step trains and checkpoints: no step's metrics are lost."""
+
+    class Unwritable(RecordingLogger):
+        def open(self, first_step):
+            raise IsADirectoryError(f"metrics.jsonl (from step {first_step})")
+
+    cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=3", "learner.global_batch_questions=2"])
+    push, learner = RecordingPush(), CountingLearner()
+    with pytest.raises(IsADirectoryError, match="from step 1"):
+        train_loop(cfg, learner, OneWorker(push), push, QuestionStream(QUESTIONS), Unwritable(), progress=False)
+    assert learner.trained == [] and not hasattr(learner, "saves")  # nothing trained, no checkpoint written

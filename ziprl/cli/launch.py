@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     flags = {"ray.num_rollout_actors": args.num_rollout_actors, "ray.address": args.address} | run_flags(args)
     cfg = load_config(args.config, overrides(flags, args.set))
-    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite, steps=cfg.learner.steps)
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg, plan.delete)
     with claim_run_dir(plan, command_line("ziprl.launch", argv or [])):  # the first write, once every input is good

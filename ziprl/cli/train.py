@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, overrides(run_flags(args), args.set))
-    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite)
+    plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite, steps=cfg.learner.steps)
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg, plan.delete)
     with claim_run_dir(plan, command_line("ziprl.train", argv or [])):  # the first write, once every input is good

@@ -9,11 +9,12 @@ every strategy, so a stopped evaluation keeps what it measured, and one resumed 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from ziprl.boundary import UserError
+from ziprl.boundary import UserError, one_line
 from ziprl.config import ZipRLConfig, check_top_k, differences
 from ziprl.env.stats import trajectory_stats
 from ziprl.env.trajectory import Trajectory, load_trajectories, save_trajectories
@@ -27,7 +28,7 @@ COLUMNS = [("em", "EM"), ("f1", "F1"), ("turns", "turns"), ("searches", "searche
 REPORT_FILES = ("report.json", "report.md", "tokens_per_turn.png", "levels.png")
 # what an eval directory holds: the report, the noise sweep's (ziprl.evaluation.noise), their trajectories
 is_eval_entry = entries(r"report\.(?:json|md)|tokens_per_turn\.png|levels\.png|trajectories_\w+\.parquet",
-                        r"noise\.(?:json|md|png)|noise_[0-9.e+-]+")
+                        r"noise\.(?:json|md|png)|noise_[0-9.e+-]+(?:/trajectories_\w+\.parquet)?")
 
 
 def markdown_report(dataset: str, rows: dict[str, dict[str, float]]) -> str:
@@ -76,11 +77,16 @@ def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
     none; EvalResumeError when it ran with settings other than ``cfg``'s."""
     import json
 
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
     try:
+        if not path.is_file() or path.is_symlink():
+            raise TypeError("not a plain file")
         saved = json.loads(path.read_text(encoding="utf-8"))
         then, results = saved["config"], saved["results"]
+        if not isinstance(then, dict) or not isinstance(results, dict) or \
+                not all(isinstance(r, dict) for r in results.values()):
+            raise TypeError("its config and results are not what an evaluation writes")
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise EvalResumeError(f"--resume: {path} is not a report ZipRL wrote ({exc}); pass --overwrite to start "
                               "over") from None
@@ -92,25 +98,43 @@ def saved_results(path: Path, cfg: ZipRLConfig) -> dict[str, Any]:
     return results
 
 
+def kept_trajectories(out: Path, saved: dict[str, dict[str, float]]) -> dict[str, list[Trajectory]]:
+    """The trajectories of the strategies a stopped evaluation in ``out`` measured (``saved``) and wrote; an
+    EvalResumeError names one that cannot be read."""
+    import pyarrow as pa
+
+    kept = {}
+    for strategy in saved:
+        path = out / f"trajectories_{strategy}.parquet"
+        if not path.is_file():
+            continue
+        try:
+            kept[strategy] = load_trajectories(path)
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            raise EvalResumeError(f"--resume: {path} cannot be read ({one_line(exc)}); delete it to evaluate "
+                                  f"{strategy} again, or pass --overwrite to start over") from None
+    return kept
+
+
 def evaluate(cfg: ZipRLConfig, strategies: list[str], out: Path, progress: bool = True,
              resume: bool = False) -> dict[str, dict[str, float]]:
     """Roll out every strategy on the same questions; write report, plots and trajectories. With ``resume``, the
     strategies a stopped evaluation of the same settings in ``out`` measured are kept, not rolled out again, and the
     report holds them all, those not asked for this time included."""
     saved = saved_results(Path(out) / "report.json", cfg) if resume else {}
+    kept = kept_trajectories(Path(out), saved)  # read before any model loads: a damaged one fails in a second
     setup = load_eval_setup(cfg)
     examples = setup[0]
     out = own_dir(out, "eval", [*REPORT_FILES, *(f"trajectories_{s}.parquet" for s in strategies)])
     rows: dict[str, dict[str, float]] = {}
     all_trajs: dict[str, list[Trajectory]] = {}
-    for strategy in [s for s in saved if s not in strategies and (out / f"trajectories_{s}.parquet").is_file()]:
-        rows[strategy] = saved[strategy]
-        all_trajs[strategy] = load_trajectories(out / f"trajectories_{strategy}.parquet")
+    for strategy in [s for s in kept if s not in strategies]:
+        rows[strategy], all_trajs[strategy] = saved[strategy], kept[strategy]
         print(f"[eval] {strategy}: kept in the report (evaluated earlier, not asked for now)", flush=True)
     for strategy in strategies:
         path = out / f"trajectories_{strategy}.parquet"
-        if strategy in saved and path.is_file():  # its trajectories are written before the report names it
-            rows[strategy], all_trajs[strategy] = saved[strategy], load_trajectories(path)
+        if strategy in kept:  # its trajectories are written before the report names it
+            rows[strategy], all_trajs[strategy] = saved[strategy], kept[strategy]
             print(f"[eval] {strategy}: kept from the stopped evaluation", flush=True)
             continue
         stats, trajs = run_strategy(cfg, strategy, setup, progress)

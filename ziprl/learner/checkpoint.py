@@ -21,6 +21,7 @@ checkpoint resumes under any ZeRO stage or number of ranks. RNG states are rank 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,6 +51,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 LATEST = "latest"
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 _NAME_RE = re.compile(r"^step_(\d+)(?:-[0-9a-f]+)?$")
+# what a killed write leaves: atomic_dir's temporary checkpoint and the old one it moves aside, atomic_path's latest
+_ORPHAN_RE = re.compile(r"\.(?:step_\d+(?:-[0-9a-f]+)?\.(?:[a-z0-9_]{8}|old-[0-9a-f]{8})|latest\.[0-9a-f]{8}\.tmp)")
 
 
 class CheckpointError(UserError, ValueError):
@@ -140,24 +143,56 @@ def write_snapshot(snap: Snapshot) -> Path:
     return snap.path
 
 
+def _ours(path: Path) -> bool:
+    """Whether the checkpoint directory ``path`` holds only the files a checkpoint write puts there (a checkpoint
+    a user added a file to is kept whole)."""
+    return all(p.name in FILES and p.is_file() and not p.is_symlink() for p in path.iterdir())
+
+
+def complete_checkpoints(out_dir: str | Path) -> list[Path]:
+    """The complete checkpoints (every file of :data:`FILES`) under ``<out_dir>/checkpoints``, oldest step first."""
+    root = Path(out_dir) / "checkpoints"
+    found = [p for p in root.iterdir() if _NAME_RE.match(p.name) and all((p / f).is_file() for f in FILES)] \
+        if root.is_dir() else []
+    return sorted(found, key=lambda p: int(_NAME_RE.match(p.name)[1]))
+
+
 def prune(root: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest-written checkpoints under ``root``; never the one ``latest`` names."""
+    """Delete all but the ``keep`` newest-written checkpoints under ``root``; never the one ``latest`` names, nor
+    one holding anything a checkpoint write does not put there."""
     pointer = root / LATEST
     current = pointer.read_text().strip() if pointer.is_file() else None
     found = [p for p in root.iterdir() if _NAME_RE.match(p.name) and (p / "state.json").is_file()]
     found.sort(key=lambda p: ((p / "state.json").stat().st_mtime_ns, int(_NAME_RE.match(p.name)[1])))
     for old in found[: max(len(found) - keep, 0)]:
-        if old.name != current:
+        if old.name != current and not old.is_symlink() and _ours(old):
             shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_checkpoints(out_dir: str | Path) -> None:
+    """Delete what checkpoint writes put under ``<out_dir>/checkpoints`` (an SFT's, once its model is written), and
+    the directory once nothing else is left in it: a user's file there is kept, with the directory."""
+    root = Path(out_dir) / "checkpoints"
+    for p in root.iterdir():
+        if p.is_symlink():
+            continue
+        if p.name == LATEST and p.is_file():
+            p.unlink()
+        elif (_NAME_RE.match(p.name) and p.is_dir() and _ours(p)) or _ORPHAN_RE.fullmatch(p.name):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    with contextlib.suppress(OSError):  # not empty: what is left is not ZipRL's
+        root.rmdir()
+
+
 def clean_orphans(out_dir: str | Path) -> list[Path]:
-    """Remove the temporary files and directories of killed checkpoint writes under ``<out_dir>/checkpoints``.
+    """Remove the temporary files and directories of killed checkpoint writes under ``<out_dir>/checkpoints`` (only
+    the names those writes give them).
 
     Call it only when no checkpoint write is running (at the start of a run); returns what it removed.
     """
     root = Path(out_dir) / "checkpoints"
-    removed = [p for p in root.glob(".*") if p.name.startswith((".step_", f".{LATEST}."))] if root.is_dir() else []
+    removed = [p for p in root.iterdir() if _ORPHAN_RE.fullmatch(p.name) and not p.is_symlink()] \
+        if root.is_dir() else []
     for p in removed:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     if removed:
@@ -210,9 +245,14 @@ def verify_checkpoint(path: str | Path) -> Path:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"checkpoint {path}: state.json is not valid JSON ({exc})") from None
-    needed = ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position")
+    needed = {"step": int, "policy_version": int, "optimizer": dict, "scheduler": dict, "rng": dict,
+              "data_position": dict}
     if not isinstance(state, dict) or any(k not in state for k in needed):
-        raise CheckpointError(f"checkpoint {path}: state.json lacks the fields {needed}")
+        raise CheckpointError(f"checkpoint {path}: state.json lacks the fields {tuple(needed)}")
+    wrong = [k for k, kind in needed.items() if not isinstance(state[k], kind) or isinstance(state[k], bool)]
+    if wrong or state["step"] < 0:
+        raise CheckpointError(f"checkpoint {path}: state.json's {', '.join(wrong) or 'step'} "
+                              f"{'is' if len(wrong) < 2 else 'are'} not what a checkpoint write puts there")
     return path
 
 
@@ -281,6 +321,11 @@ def load_checkpoint(trainer: Trainer, path_or_out_dir: str | Path) -> dict[str, 
         missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
         raise CheckpointError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]};"
                               " resume with the model the run started from")
+    shapes = {name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in module.named_parameters()}
+    other = [f"{n} {tuple(weights[n].shape)} here {shapes[n]}" for n in names if tuple(weights[n].shape) != shapes[n]]
+    if other:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: its shapes differ ({'; '.join(other[:2])}); "
+                              "resume with the model the run started from")
 
     if moments:
         _ensure_adam_state(trainer, state["optimizer"]["step"])

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import math
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from ziprl.env.chat import chat_ids, text_ids
 from ziprl.env.demos import is_partial_file
 from ziprl.outputs import entries, own_dir
 from ziprl.paths import cache_root, file_sha256, hash_file_into, not_a_file
+from ziprl.rundir import CHECKPOINT_ENTRIES, TB_ENTRIES
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer
@@ -39,7 +39,11 @@ log = logging.getLogger(__name__)
 
 DEMO_COLUMNS = ("messages", "response")
 SFT_WRITES = ("model", "tb", "checkpoints")  # what run_sft writes into its out_dir
-is_sft_entry = entries(*SFT_WRITES)
+# the files of an HF model directory (save_pretrained of the model and its tokenizer)
+MODEL_ENTRIES = (r"model(?:/(?:(?:generation_)?config|tokenizer(?:_config)?|special_tokens_map|added_tokens|vocab"
+                 r"|model\.safetensors\.index)\.json|/model(?:-\d+-of-\d+)?\.safetensors|/(?:merges|vocab)\.txt"
+                 r"|/tokenizer\.model|/chat_template\.(?:jinja|json))?")
+is_sft_entry = entries(MODEL_ENTRIES, TB_ENTRIES, CHECKPOINT_ENTRIES)
 _SENTINEL = "ZIPRL_END_OF_TURN_PROBE"
 
 
@@ -158,10 +162,12 @@ def sft_trainer(cfg: ZipRLConfig) -> Trainer:
 
 
 def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, trainer: Trainer | None = None,
-            resume: bool = False, stop: Callable[[], None] | None = None) -> Path:
+            resume: bool = False, stop: Callable[[], None] | None = None, rows: list[SFTRow] | None = None) -> Path:
     """Stage 1: fine-tune ``cfg.model`` on the demos; returns ``<out_dir>/model`` (an HF checkpoint).
 
     ``trainer``: an :func:`sft_trainer` built beforehand (e.g. while the demos were synthesised); None builds one.
+    ``rows``: the demos' :func:`fitting_rows`, computed beforehand (as ``ziprl.sft`` does before it claims
+    ``out_dir``); None computes them.
     ``out_dir`` follows the output rule (:func:`ziprl.outputs.own_dir`): it is marked as an SFT run, and ``model``,
     ``tb`` or ``checkpoints`` already there are replaced only in a directory so marked.
 
@@ -177,16 +183,19 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
     from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
-    from ziprl.learner.checkpoint import in_checkpoint_dtype, load_checkpoint, save_checkpoint
+    from ziprl.learner.checkpoint import (
+        in_checkpoint_dtype,
+        load_checkpoint,
+        remove_checkpoints,
+        save_checkpoint,
+    )
     from ziprl.learner.distributed import rank
     from ziprl.policy.models import resolve_model_path
 
-    examples = read_demos(demos_path)  # fail on a bad file before any model loads
+    if rows is None:  # fail on a bad file before any model loads
+        model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
+        rows = fitting_rows(cfg, read_demos(demos_path), model_path, demos_path)
     out_dir = own_dir(out_dir, "sft", SFT_WRITES, mark=rank() == 0)  # nothing written over what is not SFT's
-    model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
-    rows = demo_rows(cfg, examples, model_path)
-    if not rows:
-        raise DemoFileError(f"no transition of {demos_path} fits sft.max_seq_len={cfg.sft.max_seq_len}")
     rng = np.random.default_rng(cfg.learner.seed)
     lengths = [len(r.input_ids) for r in rows]
     steps = [s for _ in range(cfg.sft.epochs) for s in length_grouped_steps(lengths, cfg.sft.micro_batch, rng)]
@@ -225,7 +234,7 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
                 writer.close()
     model = trainer.save_pretrained(out_dir / "model")
     if rank() == 0 and (out_dir / "checkpoints").is_dir():
-        shutil.rmtree(out_dir / "checkpoints")  # this run's own: only a resume needs them, and the model is written
+        remove_checkpoints(out_dir)  # only a resume needs them, and the model is written
     return model
 
 
@@ -234,6 +243,16 @@ def demo_rows(cfg: ZipRLConfig, examples: Sequence[dict[str, Any]], model_path: 
     from ziprl.policy.models import load_tokenizer
 
     return sft_rows(examples, load_tokenizer(model_path, cfg.model.trust_remote_code), cfg.sft.max_seq_len)
+
+
+def fitting_rows(cfg: ZipRLConfig, examples: Sequence[dict[str, Any]], model_path: str | Path,
+                 demos_path: str | Path) -> list[SFTRow]:
+    """:func:`demo_rows`; DemoFileError when no transition of ``demos_path`` fits ``sft.max_seq_len``."""
+    rows = demo_rows(cfg, examples, model_path)
+    if not rows:
+        raise DemoFileError(f"no transition of {demos_path} fits sft.max_seq_len={cfg.sft.max_seq_len}; raise "
+                            "sft.max_seq_len (--set sft.max_seq_len=N) or make demos with shorter episodes")
+    return rows
 
 
 def sft_order(cfg: ZipRLConfig, rows: Sequence[SFTRow]) -> dict[str, Any]:

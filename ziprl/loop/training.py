@@ -126,6 +126,7 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
     if cfg.run.resume and position is None:
         raise ConfigError(f"run.resume is set but {out} holds no checkpoint to resume; drop --resume to start afresh")
     version = learner.version
+    logger.open(version + 1)  # an output that cannot be written fails here, before a step is trained
     if version:  # resumed: the workers start from the checkpoint's weights
         push.push(version)
     ro = cfg.rollout

@@ -70,7 +70,10 @@ class RecordingLogger:
     """A metrics logger for the training loop's tests: keeps every (step, metrics) it is given."""
 
     def __init__(self):
-        self.steps = []
+        self.steps, self.opened = [], None
+
+    def open(self, first_step):
+        self.opened = first_step
 
     def log(self, step, metrics):
         self.steps.append((step, metrics))

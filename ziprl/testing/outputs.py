@@ -51,6 +51,6 @@ def fake_checkpoint(root: Path) -> None:
     ck.mkdir(parents=True)
     for name in ("model", "optimizer", "rng"):
         (ck / f"{name}.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
-    (ck / "state.json").write_text(json.dumps(dict.fromkeys(
-        ("step", "policy_version", "optimizer", "scheduler", "rng", "data_position"), 1)))
+    (ck / "state.json").write_text(json.dumps({"step": 1, "policy_version": 1} | dict.fromkeys(
+        ("optimizer", "scheduler", "rng", "data_position"), {})))
     (root / "latest").write_text("step_1\n")
