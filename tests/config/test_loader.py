@@ -183,6 +183,25 @@ def test_show_prints_one_error_line(capsys):
     assert err.count("\n") == 1
 
 
+SECTIONS = ("sections: ['env', 'retriever', 'model', 'sampling', 'data', 'rollout', 'learner', 'sft', 'demos', 'ray', "
+            "'weights', 'run']")
+
+
+@pytest.mark.parametrize("key, message", [
+    ("__class__.__class__.x", f"no config section '__class__'; {SECTIONS}"),
+    ("__class__.env", f"no config section '__class__'; {SECTIONS}"),
+    ("env.__class__.x", "no config section '__class__'; sections: ['scoring']"),
+    ("env.__dict__.x", "no config section '__dict__'; sections: ['scoring']"),
+    ("env.max_turns.x", "no config section 'max_turns'; sections: ['scoring']"),
+])
+def test_a_set_path_walks_config_sections_only(key, message, capsys):
+    """Attributes that are no config field (__class__, __dict__) are unknown sections, like any other typo."""
+    assert main(["--show", "--set", f"{key}=1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: override '{key}': {message}\n"
+    assert load_config(None, ["env.scoring.w_sem=0.25"]).env.scoring.w_sem == 0.25
+
+
 @pytest.mark.parametrize("text, needle", [
     ("env:\n  max_turns: 3\n  max_turns: 4\n", r"line 3: key 'max_turns' is given twice \(first on line 2\); keep one"),
     ("env:\n  top_k: 3\nenv:\n  max_turns: 4\n", r"line 3: key 'env' is given twice \(first on line 1\); keep one"),

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from ziprl.env.trajectory import SCHEMA, save_trajectories
 from ziprl.testing.viewer_data import trajectory, write_run
 from ziprl.view import command as view
-from ziprl.view.data import build_index, episode, load_run, step_stats
+from ziprl.view.data import Run, Source, ViewerError, build_index, episode, load_run, step_stats
 from ziprl.view.page import render_page
 from ziprl.view.server import make_server
 from ziprl.view.tokens import make_decoder
@@ -355,3 +356,122 @@ def test_a_file_with_null_turns_beside_good_ones_is_skipped_and_the_rest_is_serv
     assert view.main([str(run_dir), "--out", str(out), "--tokenizer", "none"]) == 0
     assert "null turn" in capsys.readouterr().err
     assert out.is_file()
+
+
+# --- odd extra columns and names given twice --------------------------------------------------------------------
+
+def _get_episode(run, episode_id: int) -> tuple[int, dict]:
+    """Serve ``run`` and GET one episode: the status and the JSON body."""
+    server = make_server(run, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/episode/{episode_id}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _with_turn_field(name: str, values: pa.Array) -> pa.ChunkedArray:
+    """The 'turns' of :func:`_table` with one more per-turn field (``values``: one per turn of both episodes)."""
+    turns = _table().column("turns").combine_chunks()
+    structs = turns.values
+    fields = [structs.field(i) for i in range(structs.type.num_fields)] + [values]
+    names = [f.name for f in structs.type] + [name]
+    return pa.chunked_array([pa.ListArray.from_arrays(turns.offsets, pa.StructArray.from_arrays(fields, names))])
+
+
+@pytest.mark.parametrize("column", [pa.array([10**15, 0], pa.timestamp("s")), pa.array([10**18, 1], pa.duration("s")),
+                                    pa.array([[10**15], []], pa.list_(pa.date64()))])
+def test_an_extra_column_python_cannot_hold_is_left_out(tmp_path, capsys, column):
+    """Extra columns are no part of the report, so values out of Python's range in them change nothing."""
+    path = tmp_path / "odd.parquet"
+    pq.write_table(_table(odd=column), path)
+    out = tmp_path / "r.html"
+    assert view.main([str(path), "--tokenizer", "none", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    assert out.is_file()
+    run = load_run(path)
+    assert "odd" not in run.sources[0].table.column_names
+    status, body = _get_episode(run, 1)
+    assert (status, body["qid"], len(body["turns"])) == (200, "q1", 3)
+
+
+def test_per_turn_times_python_cannot_hold_are_shown_as_text(tmp_path, capsys):
+    whens = pa.array([10**15, 0, None, None, None, None], pa.timestamp("s"))  # two episodes of 3 turns
+    path = tmp_path / "odd.parquet"
+    pq.write_table(_table(turns=_with_turn_field("when", whens)), path)
+    out = tmp_path / "r.html"
+    assert view.main([str(path), "--tokenizer", "none", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    assert "value out of range" in out.read_text()
+    run = load_run(path)
+    first, second = episode(run, 0)["turns"][:2]
+    assert first["extra"]["when"] == f"<value out of range: {10**18}>"  # Parquet stores seconds as milliseconds
+    assert second["extra"]["when"] == "1970-01-01 00:00:00.000"
+    assert first["extra"]["noisy_hits"] == 0
+    status, body = _get_episode(run, 1)
+    assert (status, body["turns"][0]["extra"]["when"]) == (200, None)
+
+
+def _action_twice() -> pa.ChunkedArray:
+    return _with_turn_field("action", pa.array(["search"] * 6))
+
+
+def _dup_column() -> pa.Table:
+    table = _table()
+    return table.append_column("reward", table.column("reward"))
+
+
+def _nested_dup() -> pa.ChunkedArray:
+    pair = pa.StructArray.from_arrays([pa.array(range(6)), pa.array(range(6))], names=["a", "a"])
+    return _with_turn_field("pair", pair)
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda: _table(turns=_action_twice()), "per-turn field 'action' is given 2 times in 'turns', expected each "
+                                             "field once"),
+    (_dup_column, "column 'reward' is given 2 times, expected each column once"),
+    (lambda: _table(turns=_nested_dup()), "per-turn field 'pair' cannot be shown (Converting to Python dictionary "
+                                          "is not supported when duplicate field names are present); drop it from the file"),
+])
+def test_a_name_given_twice_is_one_error_or_skipped_beside_good_files(run_dir, tmp_path, fails, capsys, make,
+                                                                       problem):
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(make(), bad)
+    err = fails([str(bad), "--tokenizer", "none", "--out", str(tmp_path / "r.html")])
+    assert f"{bad} is not a ZipRL trajectory file: {problem}" in err
+    assert "ziprl.train" in err
+    assert not (tmp_path / "r.html").exists()
+    bad.rename(run_dir / "trajectories" / "step_000003.parquet")
+    run = load_run(run_dir)
+    assert [(p.name, why.split(": ", 1)[1]) for p, why in run.skipped] == [("step_000003.parquet", problem)]
+    assert run.num_episodes == 4 * 4
+    out = tmp_path / "r.html"
+    assert view.main([str(run_dir), "--tokenizer", "none", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == f"[view] warning: skipped {run_dir}/trajectories/step_000003.parquet: " \
+                                      f"not a ZipRL trajectory file: {problem}\n"
+    assert out.is_file()
+    assert _get_episode(run, 9)[0] == 200
+
+
+def test_an_episode_whose_row_python_cannot_hold_is_a_422_naming_the_file(tmp_path):
+    """The last guard: a table that never went through read_source (values out of Python's range) is a clear error
+    per episode, not a crash."""
+    turn = pa.struct([("response_text", pa.string()), ("when", pa.timestamp("s"))])
+    table = pa.table({"question": ["Q?"], "turns": pa.array([[{"response_text": "x", "when": 10**15}]],
+                                                          pa.list_(turn))})
+    run = Run("raw", [Source(tmp_path / "raw.parquet", "raw", None, table)])
+    with pytest.raises(ViewerError, match=rf"^episode 0 in {tmp_path}/raw.parquet cannot be shown \(Python int too "
+                                          r"large to convert to C int\); open the run without that file$"):
+        episode(run, 0)
+    status, body = _get_episode(run, 0)
+    assert status == 422
+    assert body == {"error": f"episode 0 in {tmp_path}/raw.parquet cannot be shown (Python int too large to convert "
+                             "to C int); open the run without that file"}

@@ -204,6 +204,11 @@ def yaml_value(text: str, where: str) -> Any:
                           "string holding ': ', '#', '[' or '{')") from None
 
 
+def _is_section(value: Any) -> bool:
+    """Whether a config field's ``value`` is a config section (a dataclass instance, not a dataclass class)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
 def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
     """Apply one ``section.field=value`` override in place."""
     if "=" not in dotted:
@@ -214,9 +219,9 @@ def apply_override(cfg: ZipRLConfig, dotted: str) -> None:
         raise ConfigError(f"override {shown(dotted)}: name a field as section.field=value, e.g. env.max_turns=6")
     obj: Any = cfg
     parts = key.split(".")
-    for p in parts[:-1]:
-        if not hasattr(obj, p) or not dataclasses.is_dataclass(getattr(obj, p)):
-            sections = [f.name for f in dataclasses.fields(obj) if dataclasses.is_dataclass(getattr(obj, f.name))]
+    for p in parts[:-1]:  # through fields holding config sections only: no attribute such as __class__
+        sections = [f.name for f in dataclasses.fields(obj) if _is_section(getattr(obj, f.name))]
+        if p not in sections:
             raise ConfigError(f"override {shown(key)}: no config section {shown(p)}; {_did_you_mean([p], sections)}"
                               f"sections: {sections}")
         obj = getattr(obj, p)

@@ -1,14 +1,16 @@
 """Load the trajectory Parquet files of a run: a compact episode index, one episode's turns, per-step stats.
 
-Reading is tolerant: columns and per-turn fields that a file lacks get defaults, extra ones are ignored,
-so files written by older or newer ZipRL versions still open. A file that is no readable trajectory file
-(not Parquet, truncated, a column of the wrong type) is skipped and listed in ``Run.skipped``; a run with no
-readable file at all is a ValueError.
+Reading is tolerant: columns and per-turn fields that a file lacks get defaults, extra columns are dropped and
+extra per-turn fields shown as they are (time values as text), so files written by older or newer ZipRL versions
+still open. A file that is no readable trajectory file (not Parquet, truncated, a column of the wrong type, a name
+given twice, a per-turn value Python cannot hold) is skipped and listed in ``Run.skipped``; a run with no readable
+file at all is a ValueError.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,8 @@ class ViewerError(UserError, ValueError):
 
 @dataclass
 class Source:
-    """One trajectory file: its label (e.g. 'step 3' or 'eval adaptive'), training step (None for eval) and table."""
+    """One trajectory file: its label (e.g. 'step 3' or 'eval adaptive'), training step (None for eval) and table
+    (as :func:`read_source` returns it)."""
 
     path: Path
     label: str
@@ -121,19 +124,29 @@ COLUMN_TYPES = {"question_id": _TEXT, "question": _TEXT, "answers": _TEXT_LIST, 
                 "sample_index": _INT}
 TURN_TYPES = {"response_text": _TEXT, "action": _TEXT, "level": _INT, "q_com": _NUMBER, "response_tokens": _INT,
               "prompt_ids": _INT_LIST}
+HIDDEN_TURN_FIELDS = ("response_ids", "logprobs")  # never shown: dropped when a file is read
 
 
 def _is_turns(t: pa.DataType) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
 
 
+def _twice(names: list[str]) -> tuple[str, int] | None:
+    """A name given more than once in ``names``, and how often (None if each is given once)."""
+    return next(((n, k) for n, k in Counter(names).items() if k > 1), None)
+
+
 def schema_problem(schema: pa.Schema) -> str | None:
     """Why a table with ``schema`` is no trajectory table the viewer can show (None if it is one)."""
+    if twice := _twice(schema.names):
+        return f"column {twice[0]!r} is given {twice[1]} times, expected each column once"
     for name in ("question", "turns"):
         if name not in schema.names:
             return f"no {name!r} column (columns: {', '.join(schema.names[:8])})"
     if not _is_turns(schema.field("turns").type):
         return f"column 'turns' is {schema.field('turns').type}, expected a list of per-turn structs"
+    if twice := _twice([f.name for f in schema.field("turns").type.value_type]):
+        return f"per-turn field {twice[0]!r} is given {twice[1]} times in 'turns', expected each field once"
     fields = {f.name: f.type for f in schema}
     turn_fields = {f.name: f.type for f in schema.field("turns").type.value_type}
     for where, types, have in (("column", COLUMN_TYPES, fields), ("per-turn field", TURN_TYPES, turn_fields)):
@@ -157,16 +170,63 @@ def null_problem(table: pa.Table) -> str | None:
     return None
 
 
-def read_source(path: Path) -> pa.Table:
-    """One trajectory file's table; ValueError saying why it is not one."""
+def _is_time(t: pa.DataType) -> bool:
+    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
+
+
+def _times_as_text(t: pa.DataType) -> pa.DataType:
+    """``t`` with every time type in it (timestamp, date, time, duration) as text: Arrow holds times that Python's
+    datetime cannot (year 10,000 and later), and its text of them says 'value out of range' instead of failing."""
+    if _is_time(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_times_as_text(f.type)) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        value = t.value_field.with_type(_times_as_text(t.value_type))
+        return (pa.list_(value, t.list_size) if pa.types.is_fixed_size_list(t)
+                else pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_times_as_text(t.key_type)),
+                       t.item_field.with_type(_times_as_text(t.item_type)))
+    return t
+
+
+def _shown_turns(table: pa.Table) -> pa.Table:
+    """``table`` with the per-turn fields the viewer shows, times as text; ViewerError naming the per-turn field whose
+    values Python cannot hold."""
+    turns = table.column("turns")
+    item = turns.type.value_field.with_type(
+        _times_as_text(pa.struct([f for f in turns.type.value_type if f.name not in HIDDEN_TURN_FIELDS])))
+    shown = pa.large_list(item) if pa.types.is_large_list(turns.type) else pa.list_(item)
+    what = "column 'turns'"
     try:
-        table = pq.read_table(path)
+        if shown != turns.type:
+            table = table.set_column(table.column_names.index("turns"), "turns", turns.cast(shown))
+        for chunk in table.column("turns").chunks:  # the fields episode() shows unchecked: convert them once here
+            values = chunk.flatten()
+            for name in [f.name for f in values.type if f.name not in TURN_TYPES]:
+                what = f"per-turn field {name!r}"
+                values.field(name).to_pylist()
+    except (ValueError, OverflowError, pa.ArrowException) as exc:
+        raise ViewerError(f"not a ZipRL trajectory file: {what} cannot be shown ({one_line(exc)[:200]}); drop it "
+                          "from the file") from None
+    return table
+
+
+def read_source(path: Path) -> pa.Table:
+    """One trajectory file's table as the viewer shows it: the columns it reads, the per-turn fields of
+    :func:`_shown_turns`; ValueError saying why it is not one."""
+    try:
+        schema = pq.read_schema(path)
+        problem = schema_problem(schema)
+        shown = [n for n in schema.names if n in COLUMN_TYPES or n == "turns"]
+        table = None if problem else pq.read_table(path, columns=shown)
     except (pa.ArrowException, OSError, MemoryError) as exc:
         raise ViewerError(f"not a readable Parquet file ({one_line(exc)[:200]})") from None
-    problem = schema_problem(table.schema) or null_problem(table)
+    problem = problem or null_problem(table)
     if problem:
         raise ViewerError(f"not a ZipRL trajectory file: {problem}")
-    return table
+    return _shown_turns(table)
 
 
 def load_run(path: str | Path, decode: Callable[[list[int]], str] | None = None) -> Run:
@@ -283,9 +343,14 @@ def prompt_parts(prompt: str) -> dict[str, str | None]:
 
 
 def episode(run: Run, episode_id: int) -> dict[str, Any]:
-    """One episode, turn by turn, with the notes kept so far and (with a tokenizer) what each prompt showed."""
+    """One episode, turn by turn, with the notes kept so far and (with a tokenizer) what each prompt showed;
+    ViewerError naming the file when its row is no Python data."""
     s, row = run.locate(episode_id)
-    ep = s.table.slice(row, 1).to_pylist()[0]
+    try:
+        ep = s.table.slice(row, 1).to_pylist()[0]
+    except (ValueError, OverflowError, pa.ArrowException) as exc:
+        raise ViewerError(f"episode {episode_id} in {s.path} cannot be shown ({one_line(exc)[:200]}); open the run "
+                          "without that file") from None
     turns_out, notes = [], []
     for n, t in enumerate(ep.get("turns") or [], start=1):
         text = t.get("response_text") or ""
@@ -293,8 +358,7 @@ def episode(run: Run, episode_id: int) -> dict[str, Any]:
         turn = {k: t.get(k) for k in ("action", "level", "q_com", "q_ratio", "q_level", "q_info", "q_sem",
                                       "format_error", "observation_chars", "context_chars", "prompt_tokens",
                                       "response_tokens")}
-        extra = {k: v for k, v in t.items() if k not in turn and k not in ("prompt_ids", "response_ids", "logprobs",
-                                                                              "response_text")}
+        extra = {k: v for k, v in t.items() if k not in turn and k not in ("prompt_ids", "response_text")}
         turn.update(turn=n, response=_cut(text), argument=unescape(parsed.argument) if parsed.action else None,
                     note=_cut(unescape(parsed.compression)) if parsed.compression else None,
                     note_level=parsed.level, memory_before=[dict(m) for m in notes], extra=extra)

@@ -2,8 +2,8 @@
 
 Every request gets a status line: unknown paths 404, other methods 501, malformed requests 400/414/431 (HTTP/0.9
 and two Host headers included), a Host header that names no address the server is bound to 403 (the DNS-rebinding
-guard, :func:`host_guard`). A handler never raises to the socket server (a bug would be a 500 and one log line),
-and an idle connection is closed.
+guard, :func:`host_guard`), an episode its file cannot show 422 (a JSON error naming the file). A handler never
+raises to the socket server (a bug would be a 500 and one log line), and an idle connection is closed.
 """
 
 from __future__ import annotations
@@ -165,7 +165,12 @@ def make_server(run: Run, host: str = "127.0.0.1", port: int = 8265,
                     shown = path.removeprefix("/api/episode/")[:40]
                     self._json(404, {"error": f"no episode {shown!r}: ids are 0..{run.num_episodes - 1}"})
                 else:
-                    self._json(200, json_safe(episode(run, episode_id)))
+                    try:
+                        body = json_safe(episode(run, episode_id))
+                    except ViewerError as exc:  # its file holds values the viewer cannot show
+                        self._json(422, {"error": str(exc)})
+                    else:
+                        self._json(200, body)
             else:
                 self._send(404, b"not found", "text/plain; charset=utf-8")
 

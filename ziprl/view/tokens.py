@@ -38,7 +38,7 @@ def model_context(tokenizer_file: Path) -> int:
 
 def _first_prompt(run: Run) -> list[int] | None:
     for s in run.sources:
-        for turns in s.table.column("turns").to_pylist()[:20]:
+        for turns in s.table.column("turns").slice(0, 20).to_pylist():
             for t in turns or []:
                 if t.get("prompt_ids"):
                     return t["prompt_ids"]
