@@ -124,10 +124,10 @@ def train_stub(cfg) -> dict:
     return {}
 
 
-def sft_stub(cfg, demos_path, out_dir, resume=False, stop=None) -> Path:
+def sft_stub(cfg, demos_path, out_dir, resume=False, stop=None, rows=None) -> Path:
     out = own_dir(out_dir, "sft", SFT_WRITES)
     atomic_write_json(out / "model" / "config.json", {"stub": 1})
-    atomic_write_text(out / "tb" / "events.out", "events")
+    atomic_write_text(out / "tb" / "events.out.tfevents.1.stub", "events")
     return out / "model"
 
 

@@ -11,7 +11,7 @@ writes to the plan's ``out``.
 A fresh run writes the marker (:data:`ziprl.outputs.MARKER`, kind ``run``) atomically. ``--overwrite`` deletes
 only a directory that carries the marker, only entry by entry, and only when every entry is one a run writes
 (:data:`RUN_FILES`, dated configs, and in its directories only what a run writes there:
-:data:`CHECKPOINT_ENTRIES`, :data:`TB_ENTRIES`, :data:`TRAJECTORY_ENTRIES`): anything else, a symbolic or hard link anywhere in the tree
+:mod:`ziprl.learner.run_files`, :data:`TRAJECTORY_ENTRIES`): anything else, a symbolic or hard link anywhere in the tree
 (runs never create one), or a missing marker (a directory of an older ZipRL included: delete it yourself) is
 refused, naming the offending entries, with nothing touched. ``--out`` itself may be a symbolic link: it is
 resolved, the checks and the protections (working, home and root directories) apply to its target, and the link
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ziprl.learner.run_files import CHECKPOINT_ENTRIES, TB_ENTRIES
 from ziprl.outputs import (
     LOCK,
     MARKER,
@@ -51,10 +52,7 @@ from ziprl.outputs import (
 from ziprl.paths import atomic_write_text
 
 RUN_FILES = (MARKER, LOCK, "config.json", "metrics.jsonl")  # top-level files a run writes
-# the directories a run writes, and what it writes inside them (:func:`ziprl.outputs.entries` patterns; SFT writes
-# the first two too)
-CHECKPOINT_ENTRIES = r"checkpoints(?:/latest|/step_\d+(?:-[0-9a-f]+)?(?:/(?:model|optimizer|rng)\.safetensors|/state\.json)?)?"
-TB_ENTRIES = r"tb(?:/events\.out\.tfevents\.[^/]+)?"
+# trajectories/: a step's groups, and its dropped ones (ziprl.loop.training)
 TRAJECTORY_ENTRIES = r"trajectories(?:/dropped|/(?:dropped/)?step_\d{6,}\.parquet)?"
 is_run_entry = entries(*map(re.escape, RUN_FILES[2:]), r"config\.\d{8}-\d{6}\.json",  # and dated configs
                        CHECKPOINT_ENTRIES, TB_ENTRIES, TRAJECTORY_ENTRIES)

@@ -92,7 +92,8 @@ def _cfg(tmp_path, *more: str):
                          QAExample("q2", "Who?", ["x"]),  # no supporting titles
                          QAExample("q3", "Who is Ed Wood?", ["a filmmaker"], ["Ed Wood"]),
                          QAExample("q4", "Who is Scott Derrickson?", ["a director"], ["Scott Derrickson"]),
-                         QAExample("q5", "Where is Paris?", ["?!"], ["Paris"])],  # answered wrong
+                         # its gold holds the hit marker, which no turn can write (scrubbed to '>'): answered wrong
+                         QAExample("q5", "Where is Paris?", ["Fr\u2023ance"], ["Paris"])],
                         tmp_path / "qa" / "qa.jsonl")
     return load_config(None, [f"demos.datasets={qa}", "demos.limit=0", f"demos.out={tmp_path / 'd.parquet'}", *more])
 
@@ -209,3 +210,65 @@ def test_sigterm_stops_the_demos_command_with_its_progress_and_resume_finishes(t
     assert not partial_path(out).exists()
     assert main(["--datasets", "sample", "--limit", "12", "--out", str(tmp_path / "straight.parquet")]) == 0
     assert _table(out) == _table(tmp_path / "straight.parquet")
+
+
+def _qa_with_corpus(folder: Path, examples: list[QAExample], titles: list[str]) -> str:
+    from ziprl.retrieval.corpus import write_corpus
+    from ziprl.retrieval.datasets import write_qa_jsonl
+    from ziprl.retrieval.types import Passage
+
+    write_corpus([Passage(f"{folder.name}-{i}", t, f"{t} is a place.") for i, t in enumerate(titles)],
+                 folder / "corpus.jsonl")
+    return str(write_qa_jsonl(examples, folder / "qa.jsonl"))
+
+
+def test_datasets_on_different_corpora_are_refused_before_any_episode(tmp_path, monkeypatch, capsys):
+    """Played on the first one's corpus, the second's questions would be answered without their evidence."""
+    from ziprl.env import demos
+    from ziprl.retrieval.datasets import DatasetError
+
+    a = _qa_with_corpus(tmp_path / "a", [QAExample("a1", "Where is Paris?", ["France"], ["Paris"])], ["Paris"])
+    b = _qa_with_corpus(tmp_path / "b", [QAExample("b1", "Where is Rome?", ["Italy"], ["Rome"])], ["Rome"])
+    monkeypatch.setattr("ziprl.retrieval.retriever.Retriever.from_config",
+                        lambda *a, **k: pytest.fail("a retriever was built"))
+    monkeypatch.setattr(demos, "synthesize", lambda *a, **k: pytest.fail("an episode was played"))
+    out = tmp_path / "d.parquet"
+    cfg = load_config(None, [f"demos.datasets={a},{b}", f"demos.out={out}"])
+    with pytest.raises(DatasetError, match=(
+            rf"demos.datasets search different corpora \({a} on {tmp_path / 'a' / 'corpus.jsonl'}; {b} on "
+            rf"{tmp_path / 'b' / 'corpus.jsonl'}\), but the teacher plays them all on one retriever; run ziprl.demos "
+            "once per corpus, or set retriever.corpus to one corpus holding every passage they need")):
+        demos.build_demos(cfg, progress=False)
+    assert main(["--datasets", f"{a},{b}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "search different corpora" in err
+    assert not out.exists() and not demos.partial_path(out).exists()
+
+
+def test_datasets_on_one_corpus_or_an_explicit_corpus_share_the_retriever(tmp_path):
+    from ziprl.env.demos import demo_retriever_config
+    from ziprl.retrieval.datasets import SAMPLE_DIR
+
+    a = _qa_with_corpus(tmp_path / "a", [QAExample("a1", "Where is Paris?", ["France"], ["Paris"])], ["Paris"])
+    b = _qa_with_corpus(tmp_path / "b", [QAExample("b1", "Where is Rome?", ["Italy"], ["Rome"])], ["Rome"])
+    both = load_config(None, [f"demos.datasets={a},{b}", f"retriever.corpus={tmp_path / 'a' / 'corpus.jsonl'}"])
+    assert demo_retriever_config(both).corpus == str(tmp_path / "a" / "corpus.jsonl")
+    sample = load_config(None, [f"demos.datasets=sample,{SAMPLE_DIR / 'qa.jsonl'}"])  # the shipped corpus, twice
+    assert demo_retriever_config(sample) == sample.retriever
+
+
+def test_a_question_in_two_listed_datasets_is_refused_naming_both(tmp_path, capsys):
+    from ziprl.env.demos import demo_examples
+    from ziprl.retrieval.datasets import SAMPLE_DIR, DatasetError, load_dataset
+
+    b = _qa_with_corpus(tmp_path / "b", [QAExample("b1", "Where is Rome?", ["Italy"], ["Rome"])], ["Rome"])
+    with pytest.raises(DatasetError, match=rf"question 'b1' is in both {b} and {b}, and would be played twice; list "
+                                           "each dataset once in demos.datasets"):
+        demo_examples(load_config(None, [f"demos.datasets={b},{b}"]))
+    shipped = str(SAMPLE_DIR / "qa.jsonl")
+    first = load_dataset("sample")[0].id
+    out = tmp_path / "d.parquet"
+    assert main(["--datasets", f"sample,{shipped}", "--limit", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"question {first!r} is in both sample and {shipped}" in err
+    assert not out.exists()

@@ -1,7 +1,20 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ziprl.env.protocol import HIT_MARK, defuse, escape, escape_observation, parse_turn, scrub, unescape
+from ziprl.env.protocol import (
+    HIT_MARK,
+    MAX_SHOWN_CHARS,
+    defuse,
+    escape,
+    escape_observation,
+    format_hits,
+    format_passage,
+    parse_hits,
+    parse_turn,
+    scrub,
+    unescape,
+)
+from ziprl.retrieval.types import Hit, Passage
 from ziprl.testing.fuzz_strategies import ANY_CHAR
 
 
@@ -86,3 +99,35 @@ def test_escape_inverts_on_scrubbed_text_and_defuse_is_idempotent(text):
 
 def test_escape_observation_keeps_only_the_markers_it_is_given():
     assert escape_observation(f"{HIT_MARK} [d1] A<b\n[INST]") == f"{HIT_MARK} [d1] A&lt;b\n&#91;INST]"
+
+
+def test_a_huge_title_is_cut_in_every_observation():
+    """A 1,000,000-character title costs 200 characters of an observation, as text costs snippet_chars."""
+    title = "Big " + "t" * 1_000_000
+    hits = format_hits([Hit("d1", title, "snippet", 1.0), Hit("d2", "Small", "other", 0.5)])
+    assert len(hits) < 300
+    assert parse_hits(hits) == [("d1", "Big " + "t" * (MAX_SHOWN_CHARS - 5) + "\u2026"), ("d2", "Small")]
+    opened = format_passage(Passage("d1", title, "text " * 10), max_chars=20)
+    assert opened == "[d1] Big " + "t" * (MAX_SHOWN_CHARS - 5) + "\u2026\n" + ("text " * 4)
+
+
+def test_a_title_of_the_limit_is_shown_whole():
+    title = "x" * MAX_SHOWN_CHARS
+    assert parse_hits(format_hits([Hit("d1", title, "s", 1.0)])) == [("d1", title)]
+
+
+def _shown(text: str) -> str:
+    line = " ".join(scrub(text).split())
+    return line if len(line) <= MAX_SHOWN_CHARS else line[: MAX_SHOWN_CHARS - 1] + "\u2026"
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(ANY_CHAR, min_size=1, max_size=5), st.text(ANY_CHAR, min_size=1, max_size=5), st.integers(1, 3000))
+def test_any_title_and_id_are_one_line_of_at_most_the_limit_in_a_hit(doc_id, title, repeat):
+    """Whatever a title or id holds and however long it is, its hit line shows it on one line, whitespace runs as one
+    space, cut to MAX_SHOWN_CHARS characters with an ellipsis."""
+    hits = format_hits([Hit(doc_id * repeat, title * repeat, "snippet", 1.0)])
+    line, snippet = hits.rsplit("\n", 1)
+    assert line == f"{HIT_MARK} [{_shown(doc_id * repeat)}] {_shown(title * repeat)}"
+    assert snippet == "snippet"
+    assert len(line) <= 2 * MAX_SHOWN_CHARS + len(f"{HIT_MARK} [] ")

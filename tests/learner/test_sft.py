@@ -106,6 +106,29 @@ def test_cli_rejects_a_bad_demo_file_before_loading_a_model(tmp_path, monkeypatc
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_cli_refuses_demos_that_fit_no_row_before_claiming_the_run_dir(tmp_path, monkeypatch, capsys,
+                                                                        default_model_dir):
+    """Tokenizing (seconds, no model loads) comes first: the rerun with a larger sft.max_seq_len is not refused as
+    a directory that is not empty."""
+    monkeypatch.setattr("ziprl.learner.trainer.Trainer.__init__", lambda *a, **k: pytest.fail("a model was loaded"))
+    demos, out = write_demos(tmp_path / "demos.parquet"), tmp_path / "run"
+    assert main(["--demos", str(demos), "--out", str(out), "--set", "sft.max_seq_len=8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1
+    assert f"no transition of {demos} fits sft.max_seq_len=8; raise sft.max_seq_len" in err
+    assert not out.exists()
+
+
+def test_run_sft_takes_the_rows_computed_beforehand(tmp_path, monkeypatch):
+    from ziprl.outputs import OutputError
+
+    monkeypatch.setattr("ziprl.learner.sft.demo_rows", lambda *a, **k: pytest.fail("the demos were tokenized again"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model").write_text("not an SFT run's")
+    with pytest.raises(OutputError, match="already holds"):  # the next thing it does: its out_dir is checked
+        run_sft(ZipRLConfig(), write_demos(tmp_path / "demos.parquet"), tmp_path / "run", rows=[SFTRow([1, 2], 1)])
+
+
 def mean_nll(model_dir: Path, rows: list[SFTRow]) -> float:
     """Mean negative log-likelihood of the rows' response tokens under the checkpoint in ``model_dir``."""
     from ziprl.learner.batch import TurnRow

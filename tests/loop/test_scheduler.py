@@ -168,3 +168,23 @@ def test_a_job_whose_workers_always_die_stops_the_run_with_the_reason():
     with pytest.raises(RuntimeError, match="failed 3 times in a row.*ImportError: no module named x"):
         sched.next_batch()
     assert sched.counters["rollout_failures"] >= 3
+
+
+def test_a_job_holding_one_question_twice_is_resumed_group_for_group():
+    """One question per epoch, three to a job: each untrained group is re-run on resume, repeats included, so the
+    resumed run trains what the first would have."""
+    source = SimulatedSource(workers=1, per_call=3, group_size=2, rng=random.Random(0), death_p=0)
+    sched = RolloutScheduler(source, QuestionStream(QUESTIONS[:1]), batch=1, max_staleness=2, steps=10)
+    sched.next_batch()
+    source.version = 1
+    sched.advance(1)
+    assert sched.buffered + sched.running == 3
+    pos = sched.position
+    assert pos["pending"] == [{"seed": 0, "ids": ["q0", "q0"]}, {"seed": 1, "ids": ["q0"]}]
+    resumed_source = SimulatedSource(1, 3, 2, random.Random(1), 0.0)
+    resumed_source.version = 1
+    resumed = RolloutScheduler(resumed_source, QuestionStream(QUESTIONS[:1]), 1, 2, version=1, steps=10)
+    resumed.restore(pos)
+    groups = [resumed.next_batch()[0] for _ in range(3)]
+    assert [g.question_id for g in groups] == ["q0"] * 3
+    assert resumed_source.seeds[:2] == [(0, ("q0", "q0")), (1, ("q0",))]  # re-run first, same seeds, repeats kept

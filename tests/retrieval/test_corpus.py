@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -107,3 +108,73 @@ def test_corrupt_gzip(tmp_path):
     path.write_bytes(gzip.compress(lines.encode())[:-6])  # valid lines, cut short
     with pytest.raises(CorpusError, match="cannot be read"):
         load_corpus(path)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than the JSON parser's recursion limit
+
+
+@pytest.mark.parametrize("name", ["c.jsonl", "c.jsonl.gz"])
+def test_a_line_nested_too_deeply_names_the_line(tmp_path, name):
+    path = tmp_path / name
+    data = (json.dumps({"id": "a", "title": "T", "text": "x"}) + "\n" + DEEP + "\n").encode()
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(CorpusError, match="line 2: JSON nested too deeply; each line must be one JSON object"):
+        load_corpus(path)
+
+
+@pytest.mark.parametrize(("doc_id", "problem"), [
+    ("  x  ", "whitespace other than single spaces between words"),
+    ("x  y", "whitespace other than single spaces between words"),
+    ("e\nf", "whitespace other than single spaces between words"),
+    ("a\tb", "whitespace other than single spaces between words"),
+    ("a\u00a0b", "whitespace other than single spaces between words"),
+    ("a] b", "holds ']', which a search result uses to mark the id"),
+    ("[x", "holds '[', which a search result uses to mark the id"),
+    ("a\u2023b", "holds '\u2023', which a search result uses to mark the id"),
+    ("x" * 201, "is 201 characters, more than 200; use shorter ids"),
+    ("ab\ud800", "holds a lone surrogate (U+D800 at character 2), which is not a character; ids must be exact"),
+])
+def test_an_id_the_agent_cannot_address_is_refused_naming_the_line(tmp_path, doc_id, problem):
+    ok = json.dumps({"id": "ab\ufffd", "title": "T", "text": "x"})  # what a lone surrogate used to become
+    with pytest.raises(CorpusError, match=f"line 2: id .+ {re.escape(problem)}"):
+        load_corpus(_write(tmp_path / "c.jsonl", [ok, json.dumps({"id": doc_id, "title": "T", "text": "y"})]))
+
+
+def test_ids_with_single_spaces_and_200_characters_load(tmp_path):
+    ids = ["a b c", "x" * 200, "(paren) & <angle>", "ünï-cödé 1"]
+    lines = [json.dumps({"id": i, "title": "T", "text": "x"}) for i in ids]
+    assert [p.doc_id for p in load_corpus(_write(tmp_path / "c.jsonl", lines))] == ids
+
+
+@pytest.mark.parametrize("name", ["sample", "invented"])
+def test_every_id_of_a_shipped_corpus_is_addressable(name):
+    from ziprl.retrieval.corpus import id_problem
+    from ziprl.retrieval.datasets import corpus_for
+
+    passages = load_corpus(corpus_for(name))  # refuses any id the agent could not address
+    assert len(passages) > 1000
+    assert not [p.doc_id for p in passages if id_problem(p.doc_id)]
+
+
+@pytest.mark.parametrize("name", ["c.jsonl", "c.jsonl.gz"])
+def test_a_byte_order_mark_opening_the_file_is_skipped(tmp_path, name):
+    path = tmp_path / name
+    data = "\ufeff" + "".join(json.dumps({"id": p.doc_id, "title": p.title, "text": p.text, "url": p.url}) + "\n"
+                              for p in PASSAGES)
+    path.write_bytes(gzip.compress(data.encode()) if name.endswith(".gz") else data.encode())
+    assert load_corpus(path) == PASSAGES
+
+
+def test_a_corpus_is_scanned_once_a_process_until_it_changes(tmp_path, monkeypatch):
+    """A command checks its corpus in full before writing, then builds its index from it: one read, not two."""
+    from ziprl.retrieval import corpus as module
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "x"}\n')
+    reads = []
+    real = module.iter_corpus
+    monkeypatch.setattr(module, "iter_corpus", lambda p: reads.append(p) or real(p))
+    first = module.scan_corpus(path)
+    assert module.scan_corpus(str(path)) is first and len(reads) == 1
+    path.write_text('{"id": "a", "title": "A", "text": "x"}\n{"id": "b", "title": "B", "text": "y"}\n')
+    assert module.scan_corpus(path).count == 2 and len(reads) == 2

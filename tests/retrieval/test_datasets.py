@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,12 @@ def test_unified_jsonl_round_trip_and_sibling_corpus(tmp_path):
 @pytest.mark.parametrize(("line", "match"), [
     ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": ', "line 2: malformed JSON"),
     ('{"id": "a", "answers": ["x"]}', "line 1: field 'question' is missing"),
-    ('{"id": "a", "question": "Q", "answers": []}', "line 1: needs a non-empty question"),
+    ('{"id": "a", "question": "Q", "answers": []}', "line 1: field 'answers' is an empty list; give at least one"),
+    ('{"id": "a", "question": "  ", "answers": ["x"]}', "line 1: field 'question' is empty"),
+    ('{"id": "a", "question": "Q", "answers": ["x", 3]}', r"line 1: answers\[1\] is int, expected a non-empty string"),
+    ('{"id": "a", "question": "Q", "answers": [" "]}', r"line 1: answers\[0\] is empty, expected a non-empty string"),
+    ('{"id": "a", "question": "Q", "answers": ["x"]}\n' + "[" * 100_000 + "]" * 100_000,
+     "line 2: JSON nested too deeply; each line must be one JSON object"),
     ('{"id": "a", "question": "Q", "answers": ["x"], "supporting_titles": "T"}', "supporting_titles must be a list"),
     ('{"id": "a", "question": "Q", "answers": ["x"]}\n{"id": "a", "question": "R", "answers": ["y"]}',
      "duplicate id 'a' on lines 1 and 2"),
@@ -299,3 +305,66 @@ def test_only_dataset_names_may_hold_hyphens():
     with pytest.raises(ValueError, match=r"lower-case identifier \(a-z, 0-9, _\)"):
         Registry("thing", "nowhere").register("a-b")
     Registry("set", "nowhere", hyphens=True).register("a-b")(object())
+
+
+@pytest.mark.parametrize("gold", ["!!!", ".", "the", "A.", " an , the "])
+def test_a_gold_answer_that_normalises_to_nothing_is_refused(tmp_path, gold):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": "Q", "answers": ["x"]}) + "\n"
+                    + json.dumps({"id": "b", "question": "Q", "answers": ["Paris", gold]}) + "\n")
+    with pytest.raises(DatasetError, match=r"line 2: answers\[1\] .+ is only punctuation and articles \(a, an, the\), "
+                                           "which EM and F1 remove, so no answer could ever match it; write the "
+                                           "answer's words, or drop it"):
+        load_qa_jsonl(path)
+
+
+def test_a_json_file_nested_too_deeply_is_a_dataset_error(tmp_path):
+    path = tmp_path / "qa.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DatasetError, match="qa.json: JSON nested too deeply; it must be a JSON list of objects"):
+        load_qa_jsonl(path)
+
+
+@pytest.mark.parametrize("name", ["qa.json", "qa.json.gz"])
+def test_a_json_file_holding_jsonl_says_to_rename_it(tmp_path, name):
+    import gzip
+
+    text = "".join(json.dumps({"id": f"q{i}", "question": "Q", "answers": ["x"]}) + "\n" for i in range(2))
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    renamed = name.replace(".json", ".jsonl")
+    with pytest.raises(DatasetError, match=rf"malformed JSON at line 2 \(Extra data\); it holds one JSON object per "
+                                           rf"line \(JSONL\): name it {re.escape(renamed)}$"):
+        load_qa_jsonl(path)
+    (tmp_path / renamed).write_bytes(path.read_bytes())
+    assert [e.id for e in load_qa_jsonl(tmp_path / renamed)] == ["q0", "q1"]
+
+
+def test_malformed_json_that_is_not_jsonl_gets_no_rename_hint(tmp_path):
+    path = tmp_path / "qa.json"
+    path.write_text('[{"id": "q0"}] x')
+    with pytest.raises(DatasetError, match=r"\(Extra data\)$"):
+        load_qa_jsonl(path)
+
+
+@pytest.mark.parametrize("name", ["qa.jsonl", "qa.json"])
+def test_a_byte_order_mark_opening_a_qa_file_is_skipped(tmp_path, name):
+    ex = [QAExample("q1", "Who?", ["Ann"], ["T"], "mine")]
+    path = write_qa_jsonl(ex, tmp_path / "plain.jsonl")
+    text = path.read_text()
+    if name.endswith(".json"):
+        text = json.dumps([json.loads(line) for line in text.splitlines()])
+    (tmp_path / name).write_text("\ufeff" + text, encoding="utf-8")
+    assert load_qa_jsonl(tmp_path / name) == ex
+
+
+def test_corpus_source_finds_a_corpus_without_building_one(tmp_path):
+    from ziprl.retrieval.datasets import SAMPLE_DIR, corpus_source
+
+    qa = write_qa_jsonl([QAExample("q1", "Who?", ["Ann"])], tmp_path / "qa.jsonl")
+    (tmp_path / "corpus.jsonl").write_text("")
+    assert corpus_source(str(qa)) == (tmp_path / "corpus.jsonl").resolve()
+    assert corpus_source("sample") == corpus_source(str(SAMPLE_DIR / "qa.jsonl")) == SAMPLE_DIR / "corpus.jsonl.gz"
+    assert corpus_source("invented-heldout") == corpus_source("invented") == corpus_for("invented").resolve()
+    assert [corpus_source(n) for n in ("hotpotqa", "musique", "squad", "pooled", "wiki18")] == [
+        "pooled", "pooled", "pooled", "pooled", "wiki18"]  # built from shared files: named, not built

@@ -46,16 +46,19 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     (seconds, no model loads); an input inside an entry of ``deleted`` (what ``--overwrite`` deletes) too.
 
     Model and SFT checkpoint directories are checked, not loaded; the dataset's questions are loaded with the
-    loader's own validation; an explicit corpus is read up to its first passage; index, encoder and
-    embedding paths must exist.
+    loader's own validation; the corpus, when one is known without building it (explicit, a QA file's neighbour,
+    a shipped one), is read in full (:func:`~ziprl.retrieval.corpus.scan_corpus`: every line, unique ids) and must
+    hold at least ``env.top_k`` and ``retriever.shards`` passages (an index directory alone: its manifest's count);
+    index, encoder and embedding paths must exist.
     """
+    from ziprl.config import ConfigError, check_top_k
     from ziprl.outputs import refuse_inputs_inside
     from ziprl.policy.models import check_model_paths
     from ziprl.registry import DATASETS
-    from ziprl.retrieval.corpus import CorpusError, iter_corpus
-    from ziprl.retrieval.datasets import corpus_for, load_questions
+    from ziprl.retrieval.corpus import scan_corpus
+    from ziprl.retrieval.datasets import corpus_source, load_questions
     from ziprl.retrieval.index_build import index_differences
-    from ziprl.retrieval.index_files import RetrieverError
+    from ziprl.retrieval.index_files import RetrieverError, read_manifest
     from ziprl.retrieval.retriever import rebuild_hint
 
     r = cfg.retriever
@@ -65,13 +68,21 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     check_model_paths(cfg.model.path, cfg.run.sft_checkpoint)
     load_questions(cfg.data)
     corpus = r.corpus
-    if corpus is None and r.index_dir is None and cfg.data.dataset not in DATASETS:
-        corpus = str(corpus_for(cfg.data.dataset))  # a QA file's neighbour (a lookup, nothing is built)
-    if corpus is not None and next(iter_corpus(corpus), None) is None:
-        raise CorpusError(f"corpus {corpus} is empty; it needs at least one passage line")
-    if r.index_dir is not None and r.corpus is None and not Path(r.index_dir).expanduser().is_dir():
-        raise RetrieverError(f"retriever.index_dir {r.index_dir} does not exist; rebuild it with: python -m ziprl.index "
-                             f"build --corpus CORPUS.jsonl --out {r.index_dir}")
+    if corpus is None and r.index_dir is None:
+        found = corpus_source(cfg.data.dataset)  # a lookup, nothing is built (a built corpus is valid by construction)
+        corpus = found if isinstance(found, Path) else None
+    count = scan_corpus(corpus, None).count if corpus is not None else None  # every line, as the index build reads it
+    if r.index_dir is not None and r.corpus is None:
+        if not Path(r.index_dir).expanduser().is_dir():
+            raise RetrieverError(f"retriever.index_dir {r.index_dir} does not exist; rebuild it with: python -m "
+                                 f"ziprl.index build --corpus CORPUS.jsonl --out {r.index_dir}")
+        built = read_manifest(Path(r.index_dir).expanduser()) or {}
+        count = built.get("count") if isinstance(built.get("count"), int) else None  # the loader checks the rest
+    if count is not None:
+        check_top_k(cfg.env, count)
+        if corpus is not None and r.shards > count:
+            raise ConfigError(f"retriever.shards={r.shards} is more than the corpus's {count} passages (a shard "
+                              f"holds at least one); set retriever.shards <= {count}")
     if r.index_dir is not None and r.corpus is not None:  # built there: it must not replace another index
         differ = index_differences(r.index_dir, r.index_type, r.shards, r.store_vectors)
         if differ:

@@ -17,7 +17,7 @@ import logging
 from ziprl.boundary import run_command
 from ziprl.cli.common import command_line
 from ziprl.config import load_config
-from ziprl.learner.sft import check_sft_resume, demo_rows, is_sft_entry, read_demos, run_sft, sft_order
+from ziprl.learner.sft import check_sft_resume, fitting_rows, is_sft_entry, read_demos, run_sft, sft_order
 from ziprl.loop.stop import StopSignals
 from ziprl.outputs import refuse_inputs_inside
 from ziprl.policy.models import check_model_paths, resolve_model_path
@@ -42,10 +42,12 @@ def main(argv: list[str] | None = None) -> None:
     refuse_inputs_inside(plan.delete, (args.demos, cfg.model.path))  # every input is checked before the first write
     examples = read_demos(args.demos)
     check_model_paths(cfg.model.path)
-    if args.resume:  # the checkpoint is of these demos and settings (tokenizing them takes seconds, no model loads)
-        check_sft_resume(plan.out, sft_order(cfg, demo_rows(cfg, examples, resolve_model_path(cfg.model))))
+    # some transition fits sft.max_seq_len (tokenizing the demos takes seconds, no model loads)
+    rows = fitting_rows(cfg, examples, resolve_model_path(cfg.model), args.demos)
+    if args.resume:  # the checkpoint is of these demos and settings
+        check_sft_resume(plan.out, sft_order(cfg, rows))
     with claim_run_dir(plan, command_line("ziprl.sft", argv or [])), StopSignals("sft") as stop:
-        print(run_sft(cfg, args.demos, plan.out, resume=args.resume, stop=stop.check))
+        print(run_sft(cfg, args.demos, plan.out, resume=args.resume, stop=stop.check, rows=rows))
 
 
 if __name__ == "__main__":

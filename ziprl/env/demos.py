@@ -25,12 +25,12 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ziprl.boundary import UserError
-from ziprl.config import ZipRLConfig, differences
+from ziprl.config import RetrieverConfig, ZipRLConfig, differences
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
 from ziprl.outputs import check_file
 from ziprl.paths import atomic_path
-from ziprl.retrieval.datasets import load_dataset, retriever_config_for
+from ziprl.retrieval.datasets import DatasetError, corpus_source, load_dataset, retriever_config_for
 from ziprl.retrieval.types import QAExample, RetrieverLike
 
 SCHEMA = pa.schema([("question_id", pa.string()), ("source", pa.string()), ("turn", pa.int32()),
@@ -183,14 +183,40 @@ def read_partial(path: Path, settings: dict) -> DemoProgress:
 
 def demo_examples(cfg: ZipRLConfig) -> list[QAExample]:
     """The questions the teacher plays: each of ``cfg.demos.datasets``, loaded and checked (DatasetError on bad
-    input, before any episode is played)."""
+    input, before any episode is played; a question id in two of them too: it would be played twice)."""
     examples: list[QAExample] = []
-    for name in cfg.demos.datasets:
+    names = cfg.demos.datasets
+    where: dict[str, int] = {}  # question id -> the (first) listed dataset that holds it
+    for i, name in enumerate(names):
         found = load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars)
+        for ex in found:
+            if where.setdefault(ex.id, i) != i:
+                raise DatasetError(f"question {ex.id!r} is in both {names[where[ex.id]]} and {name}, and would be played "
+                                   "twice; list each dataset once in demos.datasets (--datasets), and no two that "
+                                   "share questions")
         if cfg.demos.limit:  # the first `limit` questions of each dataset that the teacher can play
             found = [ex for ex in found if ex.supporting_titles][: cfg.demos.limit]
         examples += found
     return examples
+
+
+def demo_retriever_config(cfg: ZipRLConfig) -> RetrieverConfig:
+    """The retriever the teacher plays every dataset of ``cfg.demos.datasets`` on: the first one's
+    (:func:`retriever_config_for`). DatasetError, before any episode, when no ``retriever.corpus`` or
+    ``retriever.index_dir`` is set and the datasets' corpora differ (the others' answers would have no evidence)."""
+    r = cfg.retriever
+    if r.corpus is None and r.index_dir is None:
+        sources: dict[Path | str, list[str]] = {}
+        for name in cfg.demos.datasets:
+            sources.setdefault(corpus_source(name), []).append(name)
+        if len(sources) > 1:
+            each = "; ".join(f"{', '.join(names)} on {source if isinstance(source, Path) else f'the {source} corpus'}"
+                             for source, names in sources.items())
+            raise DatasetError(f"demos.datasets search different corpora ({each}), but the teacher plays them all on "
+                               "one retriever; run ziprl.demos once per corpus, or set retriever.corpus to one "
+                               "corpus holding every passage they need")
+    first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
+    return retriever_config_for(first)
 
 
 def resumed(path: Path, settings: dict, resume: bool | None) -> DemoProgress | None:
@@ -212,17 +238,17 @@ def resumed(path: Path, settings: dict, resume: bool | None) -> DemoProgress | N
 def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progress: bool = True,
                 examples: list[QAExample] | None = None, resume: bool | None = None,
                 stop: Callable[[], None] | None = None) -> tuple[Path, dict]:
-    """Synthesize demonstrations for ``examples`` (default: :func:`demo_examples`) and write them to
-    ``cfg.demos.out``, continuing a stopped run's progress as :func:`resumed` says (``stop``: see
-    :func:`synthesize`)."""
+    """Synthesize demonstrations for ``examples`` (default: :func:`demo_examples`) on ``retriever`` (default:
+    :func:`demo_retriever_config`'s) and write them to ``cfg.demos.out``, continuing a stopped run's progress as
+    :func:`resumed` says (``stop``: see :func:`synthesize`)."""
     from ziprl.retrieval.retriever import Retriever
 
     examples = demo_examples(cfg) if examples is None else examples
+    retriever_cfg = demo_retriever_config(cfg) if retriever is None else None
     settings, partial = demo_settings(cfg, examples), partial_path(cfg.demos.out)
     state = resumed(partial, settings, resume)
     if retriever is None:
-        first = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=cfg.demos.datasets[0]))
-        retriever = Retriever.from_config(retriever_config_for(first))
+        retriever = Retriever.from_config(retriever_cfg)
     rows, counts = synthesize(cfg, examples, retriever, progress, state, stop,
                               save=lambda s: write_partial(s, partial, settings))
     counts["transitions"] = len(rows)

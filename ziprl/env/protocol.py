@@ -15,7 +15,9 @@ output holds a chat-template control token (``<|im_end|>``, ``<s>``, ``<<SYS>>``
 ``[INST]``, ...), so text tokenized with any tokenizer's special tokens parsed cannot forge a turn.
 Search-hit lines start with :data:`HIT_MARK`, which scrub removes from any other text and
 :func:`escape_observation` keeps in a tool's observation, so a passage cannot forge a hit line in a prompt
-(:func:`parse_hits` reads only marked lines).
+(:func:`parse_hits` reads only marked lines). An observation shows a title or id on one line, cut to
+:data:`MAX_SHOWN_CHARS` characters (with an ellipsis), as passage text is cut to ``snippet_chars`` and
+``open_max_chars``; a corpus refuses ids that long (:func:`ziprl.retrieval.corpus.id_problem`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ziprl.registry import TOOLS
 _LEVEL_RE = re.compile(r"""^\s*level\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+))\s*$""", re.IGNORECASE)
 _ASCII_LEVEL_RE = re.compile(r"^[ \t]*([1-5])[ \t]*$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+MAX_SHOWN_CHARS = 200  # of a title or id in an observation (the open tool's label cuts ids there too)
 HIT_MARK = "\u2023"  # '‣' opens every search-hit line; scrub() replaces it in all other text
 HIT_LINE_RE = re.compile(rf"^{HIT_MARK} \[([^\]\n]+)\] (.*)$", re.MULTILINE)
 # the '[' of a bracketed all-caps word: [INST], [/INST], [SYSTEM_PROMPT], [TOOL_CALLS], [SEP], [gMASK]
@@ -87,11 +90,14 @@ def escape_observation(text: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(scrub(text).split())
+    """``text`` scrubbed on one line, cut to :data:`MAX_SHOWN_CHARS` characters (the last an ellipsis)."""
+    line = " ".join(scrub(text).split())
+    return line if len(line) <= MAX_SHOWN_CHARS else line[: MAX_SHOWN_CHARS - 1] + "\u2026"
 
 
 def format_hits(hits: list[Any]) -> str:
-    """A search observation: per hit a marked ``‣ [doc-id] Title`` line, then its snippet (scrubbed)."""
+    """A search observation: per hit a marked ``‣ [doc-id] Title`` line (each cut by :func:`_one_line`), then its
+    snippet (scrubbed)."""
     return "\n".join(f"{HIT_MARK} [{_one_line(h.doc_id)}] {_one_line(h.title)}\n{scrub(h.snippet)}" for h in hits) \
         or "(no results)"
 

@@ -28,9 +28,9 @@ from ziprl.boundary import UserError
 from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
 from ziprl.env.demos import is_partial_file
+from ziprl.learner.run_files import CHECKPOINT_ENTRIES, TB_ENTRIES
 from ziprl.outputs import entries, own_dir
 from ziprl.paths import cache_root, file_sha256, hash_file_into, not_a_file
-from ziprl.rundir import CHECKPOINT_ENTRIES, TB_ENTRIES
 
 if TYPE_CHECKING:
     from ziprl.learner.trainer import Trainer

@@ -107,13 +107,15 @@ class RolloutScheduler:
 
     @property
     def position(self) -> dict[str, Any]:
-        """Data position for a checkpoint: the stream, and the jobs not yet trained (re-run first on resume)."""
+        """Data position for a checkpoint: the stream, and the jobs not yet trained (re-run first on resume).
+
+        Each untrained group is in exactly one of buffer, running jobs and retries, so a job's ids are listed once
+        per group: one question twice in a job (an epoch boundary) is re-run twice."""
         pending = [(list(ex), seed) for _, _, (ex, seed) in self._buffer]  # one entry per buffered group
         pending += [(j.examples, j.seed) for j in self._jobs.values()] + [(ex, seed) for ex, seed, _ in self._retry]
         merged: dict[int, list[str]] = {}
         for examples, seed in pending:
-            merged.setdefault(seed, [])
-            merged[seed] += [e.id for e in examples if e.id not in merged[seed]]
+            merged.setdefault(seed, []).extend(e.id for e in examples)
         return {"stream": self.stream.position, "dispatches": self._dispatches,
                 "pending": [{"seed": s, "ids": ids} for s, ids in sorted(merged.items())]}
 

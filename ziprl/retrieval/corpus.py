@@ -5,7 +5,9 @@ validates the whole file before anything else uses it; every problem raises :cla
 the line and what to fix. :func:`iter_corpus` and :func:`scan_corpus` stream a file of any size (a
 21M-passage wiki-18 dump) with memory bounded by one line plus 16 bytes per passage.
 Passage text may be any Unicode: a lone surrogate (JSON ``"\\ud800"``, not a character) is read as U+FFFD, with
-one warning per file, so that the passage can be encoded, stored and shown.
+one warning per file, so that the passage can be encoded, stored and shown. An id must be what the agent sees and
+writes back (:func:`id_problem`): no lone surrogate, whitespace only as single spaces between words, no ``[``, ``]``
+or hit marker, at most :data:`MAX_ID_CHARS` characters. A UTF-8 byte order mark opening the file is skipped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 REQUIRED_FIELDS = ("id", "title", "text")
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str from JSON holds one only where the text had a lone "\udXXX"
+MAX_ID_CHARS = 200  # an id longer than this would be cut where it is shown (the open tool's label)
+ID_FORBIDDEN = re.compile("[\\[\\]\u2023]")  # '[' and ']' delimit the id in a hit line; '‣' opens one
 
 
 class CorpusError(UserError, ValueError):
@@ -65,9 +69,30 @@ def json_array_hint(path: Path) -> str:
             f"{shlex.quote(script)} {shlex.quote(str(path))} > {shlex.quote(str(path.with_name(stem + '.lines.jsonl')))}")
 
 
+def id_problem(doc_id: str) -> str | None:
+    """Why the agent could not address passage id ``doc_id`` (it sees ids in ``[id]`` hit lines, each whitespace run
+    shown as one space, and writes them back in ``<open>``), or None when it can."""
+    found = LONE_SURROGATE.search(doc_id)
+    if found:
+        return (f"holds a lone surrogate (U+{ord(found[0]):04X} at character {found.start()}), which is not a "
+                "character; ids must be exact, so fix the id (a JSON \\udXXX escape must be half of a pair)")
+    if doc_id != " ".join(doc_id.split()):
+        return ("has whitespace other than single spaces between words (leading, trailing or repeated, a tab, a "
+                "line break); the agent sees each whitespace run as one space, so write the id that way")
+    found = ID_FORBIDDEN.search(doc_id)
+    if found:
+        return (f"holds {found[0]!r}, which a search result uses to mark the id ([id] title); remove it from the id "
+                "(e.g. replace brackets by parentheses)")
+    if len(doc_id) > MAX_ID_CHARS:
+        return f"is {len(doc_id)} characters, more than {MAX_ID_CHARS}; use shorter ids (e.g. number the passages)"
+    return None
+
+
 def _replace_surrogates(rec: dict) -> list[str]:
-    """Replace every lone surrogate of ``rec``'s string values by U+FFFD, in place; the names of those it changed."""
-    fixed = [name for name, value in rec.items() if isinstance(value, str) and LONE_SURROGATE.search(value)]
+    """Replace every lone surrogate of ``rec``'s string values but its id by U+FFFD, in place; the names of those it
+    changed."""
+    fixed = [name for name, value in rec.items()
+             if name != "id" and isinstance(value, str) and LONE_SURROGATE.search(value)]
     for name in fixed:
         rec[name] = LONE_SURROGATE.sub("\ufffd", rec[name])
     return fixed
@@ -75,7 +100,7 @@ def _replace_surrogates(rec: dict) -> list[str]:
 
 def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
     """Stream ``(line number, passage)`` from a JSONL(.gz) corpus, validating each line (not id uniqueness); lone
-    surrogates become U+FFFD."""
+    surrogates become U+FFFD (ids must be exact: one there is refused, as any id the agent cannot address)."""
     p = _existing(path)
     seen = warned = False  # a passage line was read; lone surrogates were reported
     for n, raw in enumerate(_read_lines(p), start=1):
@@ -85,6 +110,8 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
             raise CorpusError(
                 f"corpus {p} line {n}: not valid UTF-8 ({exc.reason} at byte {exc.start}); re-encode the file as UTF-8"
             ) from None
+        if n == 1:
+            line = line.removeprefix("\ufeff")  # a byte order mark (an editor's UTF-8 with BOM)
         if not line.strip():
             continue
         if not seen and line.lstrip().startswith("["):
@@ -94,6 +121,9 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CorpusError(f"corpus {p} line {n}: malformed JSON ({exc.msg}); each line must be one JSON object") from None
+        except RecursionError:
+            raise CorpusError(f"corpus {p} line {n}: JSON nested too deeply; each line must be one JSON object "
+                              f"with fields {REQUIRED_FIELDS}") from None
         if not isinstance(rec, dict):
             raise CorpusError(f"corpus {p} line {n}: expected a JSON object with fields {REQUIRED_FIELDS}")
         fixed = _replace_surrogates(rec)
@@ -109,6 +139,9 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Passage]]:
         url = rec.get("url") or ""
         if not isinstance(url, str):
             raise CorpusError(f"corpus {p} line {n}: field 'url' must be a string when present")
+        problem = id_problem(rec["id"])
+        if problem:
+            raise CorpusError(f"corpus {p} line {n}: id {rec['id'][:80]!r} {problem}")
         yield n, Passage(doc_id=rec["id"], title=rec["title"], text=rec["text"], url=url)
 
 
@@ -148,11 +181,27 @@ class CorpusScan:
     id_hashes: np.ndarray  # uint64, one per passage, in file order
 
 
-def scan_corpus(path: str | Path, progress: bool = False) -> CorpusScan:
-    """Validate a corpus of any size in one streaming pass (ids unique included); raise CorpusError naming the line."""
+_last_scan: dict[tuple, CorpusScan] = {}  # the last file scanned, by identity and change time: checked once a run
+
+
+def scan_corpus(path: str | Path, progress: bool | None = False) -> CorpusScan:
+    """Validate a corpus of any size in one streaming pass (ids unique included); raise CorpusError naming the line.
+    The same unchanged file (path, inode, size, modification time) scanned again in this process is not read again
+    (a command checks its inputs, then builds the index); ``progress`` None: a bar when stderr is a terminal."""
     p = _existing(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _last_scan:
+        return _last_scan[key]
+    scan = _scan(p, progress)
+    _last_scan.clear()
+    _last_scan[key] = scan
+    return scan
+
+
+def _scan(p: Path, progress: bool | None) -> CorpusScan:
     h, hashes, lines = hashlib.sha256(), array("Q"), array("q")
-    with tqdm(desc="checking corpus", unit=" passages", disable=not progress) as bar:
+    with tqdm(desc="checking corpus", unit=" passages", disable=None if progress is None else not progress) as bar:
         for n, passage in iter_corpus(p):
             h.update(_hash_line(passage))
             hashes.append(id_hash(passage.doc_id))

@@ -23,7 +23,8 @@ whitespace-normalised and de-duplicated on (title, text), with stable source-der
 materialised once under ``<cache>/corpora/`` keyed by the source files' hash.
 
 Every question is checked when its dataset loads (:func:`check_question`): one holding a lone surrogate, or
-longer than ``data.max_question_chars``, is refused with its file and line (or dataset) and id, never truncated.
+longer than ``data.max_question_chars``, is refused with its file and line (or dataset) and id, never truncated. A
+QA file's gold answer must keep a word after EM/F1 normalisation (not only punctuation and articles).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ziprl.paths import atomic_write_text, cache_root, file_sha256, not_a_file
 from ziprl.registry import DATASETS
 from ziprl.retrieval.corpus import LONE_SURROGATE, json_array_hint, write_corpus
 from ziprl.retrieval.types import Passage, QAExample
+from ziprl.scoring.metrics import normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ def _read_text(path: Path) -> str:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            return f.read()
+            return f.read().removeprefix("\ufeff")  # a byte order mark (an editor's UTF-8 with BOM)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise DatasetError(f"dataset file {path} cannot be read as UTF-8 (gzipped) JSON: {exc}") from None
 
@@ -146,7 +148,19 @@ def _jsonl_rows(path: Path, text: str) -> list[tuple[int, Any]]:
             rows.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise DatasetError(f"dataset file {path} line {n}: malformed JSON ({exc.msg})") from None
+        except RecursionError:
+            raise DatasetError(f"dataset file {path} line {n}: JSON nested too deeply; each line must be one JSON "
+                               "object") from None
     return rows
+
+
+def _is_jsonl(text: str) -> bool:
+    """Whether ``text``'s first non-blank line is a JSON object on its own (a JSONL file)."""
+    first = next((line for line in text.split("\n") if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
 
 
 def _read_json(path: Path) -> Any:
@@ -157,7 +171,13 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DatasetError(f"dataset file {path}: malformed JSON at line {exc.lineno} ({exc.msg})") from None
+        hint = ""
+        if exc.msg == "Extra data" and _is_jsonl(text):
+            name = path.name.replace(".json", ".jsonl", 1) if ".json" in path.name else path.name + ".jsonl"
+            hint = f"; it holds one JSON object per line (JSONL): name it {name}"
+        raise DatasetError(f"dataset file {path}: malformed JSON at line {exc.lineno} ({exc.msg}){hint}") from None
+    except RecursionError:
+        raise DatasetError(f"dataset file {path}: JSON nested too deeply; it must be a JSON list of objects") from None
 
 
 def records(path: Path, container: type = list) -> Any:
@@ -229,6 +249,23 @@ def check_question(ex: QAExample, where: str, max_chars: int) -> None:
                            "(its prompts must still fit the model's context)")
 
 
+def _answers_problem(ex: QAExample) -> str | None:
+    """What is wrong with ``ex``'s question or gold answers (an answer must keep a word after EM/F1 normalisation,
+    or no prediction could ever score), or None."""
+    if not ex.question:
+        return "field 'question' is empty; write the question"
+    if not ex.answers:
+        return "field 'answers' is an empty list; give at least one gold answer"
+    for i, a in enumerate(ex.answers):
+        if not isinstance(a, str) or not a.strip():
+            got = "empty" if isinstance(a, str) else type(a).__name__
+            return f"answers[{i}] is {got}, expected a non-empty string"
+        if not normalize_answer(a):
+            return (f"answers[{i}] {a[:40]!r} is only punctuation and articles (a, an, the), which EM and F1 remove, "
+                    "so no answer could ever match it; write the answer's words, or drop it")
+    return None
+
+
 def load_qa_jsonl(path: str | Path, max_question_chars: int = MAX_QUESTION_CHARS) -> list[QAExample]:
     """A unified-schema QA file: one ``{id, question, answers, supporting_titles?, source?}`` per line (or a JSON
     list of them in a ``.json`` file), each checked by :func:`check_question`."""
@@ -250,8 +287,9 @@ def load_qa_jsonl(path: str | Path, max_question_chars: int = MAX_QUESTION_CHARS
             answers=field_of(r, "answers", list, path, n, unit), supporting_titles=r.get("supporting_titles", []),
             source=r.get("source", ""),
         )
-        if not ex.question.strip() or not ex.answers or not all(isinstance(a, str) and a.strip() for a in ex.answers):
-            raise DatasetError(f"{where}: needs a non-empty question and a list of non-empty answers")
+        problem = _answers_problem(ex)
+        if problem:
+            raise DatasetError(f"{where}: {problem}")
         if not isinstance(ex.supporting_titles, list) or not all(isinstance(t, str) for t in ex.supporting_titles):
             raise DatasetError(f"{where}: supporting_titles must be a list of strings")
         if not isinstance(ex.source, str):
@@ -334,6 +372,18 @@ def corpus_for(name: str, shared_dir: SharedDir = None, cache_dir: SharedDir = N
     if isinstance(spec.corpus, str):
         return corpus_for(spec.corpus, shared_dir, cache_dir)
     return spec.corpus(shared_dir, cache_dir)
+
+
+def corpus_source(name: str) -> Path | str:
+    """Which corpus dataset ``name`` is played on, found without building one: its file (a QA file's neighbour, a
+    corpus that needs no shared data, as the shipped ones), else the name of the dataset whose corpus
+    :func:`corpus_for` builds from shared files."""
+    if name not in DATASETS and _is_path(name):
+        return corpus_for(name).resolve()
+    spec = _spec(name)
+    if isinstance(spec.corpus, str):
+        return corpus_source(spec.corpus)
+    return spec.corpus(None, None).resolve() if not spec.files else name
 
 
 def retriever_config_for(cfg: ZipRLConfig) -> RetrieverConfig:
