@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 
 from ziprl.cli.index import main as cli
 from ziprl.config import RetrieverConfig
+from ziprl.outputs import OutputError
 from ziprl.retrieval import index_build as IB
 from ziprl.retrieval.corpus import CorpusError, load_corpus, scan_corpus, write_corpus
 from ziprl.retrieval.passage_store import PassageStore
@@ -158,8 +161,8 @@ def test_sharded_search_equals_unsharded_flat(data, encoder, tmp_path):
     _, _, passages, x = data
     whole = Retriever.load(_build(data, encoder, tmp_path / "one"), encoder)
     out = _build(data, encoder, tmp_path / "three", shards=3)
-    assert sorted(p.name for p in out.iterdir()) == [".ziprl-run", "manifest.json", "shard-000", "shard-001",
-                                                     "shard-002"]
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-lock", ".ziprl-run", "manifest.json", "shard-000",
+                                                     "shard-001", "shard-002"]
     sharded = Retriever.load(out, encoder)
     assert sharded.manifest["shard_counts"] == [200, 200, 200]
     rng = np.random.default_rng(1)
@@ -449,3 +452,191 @@ def test_finite_check_reads_chunk_by_chunk(data, encoder, tmp_path, monkeypatch)
     build_index(corpus, tmp_path / "o", encoder, embeddings=emb, progress=False, chunk_size=128)
     assert max(sizes) <= 128
     assert sum(sizes) == 2 * N  # the check's pass, then the adding pass
+
+
+# ---------------------------------------------------------------- installing into --out
+
+
+def _tree(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def test_an_existing_directory_is_kept_not_replaced(data, encoder, tmp_path):
+    """The index moves into --out entry by entry: its inode and mode stay, on a first build and on a rebuild."""
+    out = tmp_path / "idx"
+    out.mkdir(mode=0o700)
+    before = out.stat()
+    _build(data, encoder, out)
+    _build(data, encoder, out, shards=2, overwrite=True)
+    after = out.stat()
+    assert (after.st_ino, after.st_mode & 0o777) == (before.st_ino, 0o700)
+    assert Retriever.load(out, encoder).manifest["shards"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no work directory left
+
+
+def test_out_dot_builds_into_the_working_directory(data, tmp_path, monkeypatch):
+    corpus, emb, _, _ = data
+    cwd = tmp_path / "here"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    inode = cwd.stat().st_ino
+    assert cli(["build", "--corpus", str(corpus), "--out", ".", "--embeddings", str(emb), "--no-progress"]) == 0
+    assert os.stat(".").st_ino == cwd.stat().st_ino == inode  # the shell's working directory is still --out
+    assert "manifest.json" in os.listdir(".")
+    assert json.loads((cwd / "manifest.json").read_text())["count"] == N
+
+
+def test_a_mount_point_is_refused_before_anything_is_written(data, encoder, tmp_path, monkeypatch):
+    out = tmp_path / "vol"
+    out.mkdir()
+    monkeypatch.setattr(IB, "mount_point", lambda p: p == out)
+    with pytest.raises(RetrieverError, match=rf"--out {out} is a mount point: .* build into a directory inside it, "
+                                             rf"e.g. --out {out / 'index'}"):
+        _build(data, encoder, out)
+    assert _tree(tmp_path) == ["vol"]
+    _build(data, encoder, out / "index")
+    assert (out / "index" / "manifest.json").is_file()
+
+
+def test_mount_points_are_detected(monkeypatch):
+    assert IB.mount_point(Path("/proc"))
+    assert not IB.mount_point(Path(__file__).parent)
+    monkeypatch.setattr(os.path, "ismount", lambda p: False)  # a bind mount of the same file system: mountinfo lists it
+    assert IB.mount_point(Path("/proc"))
+    assert not IB.mount_point(Path(__file__).parent)
+
+
+def test_an_interrupted_install_is_finished_by_the_rerun(data, encoder, tmp_path, monkeypatch):
+    """Killed after the old entries are deleted and one new entry moved in: the rerun moves the rest, rebuilding
+    nothing."""
+    out = _build(data, encoder, tmp_path / "idx")
+    real = os.replace
+    work = tmp_path / ".idx.partial"
+
+    def crash_after_one_move(src, dst):
+        real(src, dst)
+        if Path(src).parent == work and Path(dst).parent == out:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", crash_after_one_move)
+        with pytest.raises(KeyboardInterrupt):
+            _build(data, encoder, out, shards=2, overwrite=True)
+    assert "swap" in json.loads((work / "progress.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-lock", ".ziprl-run", "shard-000"]
+    monkeypatch.setattr(IB, "fill_index", lambda *a, **k: pytest.fail("a finished build was built again"))
+    (out / "NOTES.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"was written while the index was installed \(NOTES\.txt\)"):
+        _build(data, encoder, out, shards=2)
+    assert (out / "NOTES.txt").read_text() == "mine"
+    (out / "NOTES.txt").unlink()
+    _build(data, encoder, out, shards=2)  # no --overwrite: the first run was allowed to replace
+    assert not work.exists()
+    r = Retriever.load(out, encoder)
+    assert (r.manifest["shards"], len(r)) == (2, N)
+
+
+def test_a_file_that_appears_during_a_rebuild_stops_the_install(data, encoder, tmp_path, monkeypatch):
+    """Planned again before the install: a user's file written into --out meanwhile is kept, so is the old index,
+    and the finished one waits for the rerun."""
+    out = _build(data, encoder, tmp_path / "idx")
+    real, fills = IB.fill_index, []
+
+    def fill_and_write_notes(*args, **kwargs):
+        fills.append(1)
+        (out / "NOTES.txt").write_text("mine")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(IB, "fill_index", fill_and_write_notes)
+    with pytest.raises(OutputError, match=r"does not write \(NOTES\.txt\).* the finished index waits in "
+                                          rf"{tmp_path / '.idx.partial'}: run the same command again"):
+        _build(data, encoder, out, shards=2, overwrite=True)
+    assert (out / "NOTES.txt").read_text() == "mine"
+    assert Retriever.load(out, encoder).manifest["shards"] == 1  # the old index, whole
+    (out / "NOTES.txt").unlink()
+    _build(data, encoder, out, shards=2, overwrite=True)
+    assert len(fills) == 2  # the rerun added nothing: it installed the finished build
+    assert Retriever.load(out, encoder).manifest["shards"] == 2
+    assert not (tmp_path / ".idx.partial").exists()
+
+
+def test_a_directory_written_during_a_first_build_is_not_touched(data, encoder, tmp_path, monkeypatch):
+    out = tmp_path / "idx"
+    real = IB.fill_index
+    monkeypatch.setattr(IB, "fill_index", lambda *a, **k: (out / "NOTES.txt").write_text("mine") and real(*a, **k))
+    with pytest.raises(OutputError, match=r"was written while the index was built \(NOTES\.txt\); nothing in it was "
+                                          "deleted and the finished index waits in"):
+        _build(data, encoder, out)
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-lock", "NOTES.txt"]
+
+
+def test_overwrite_keeps_a_users_file_inside_a_shard(data, encoder, tmp_path):
+    out = _build(data, encoder, tmp_path / "idx", shards=2)
+    (out / "shard-001" / "NOTES.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"does not write \(shard-001/NOTES\.txt\); nothing was deleted"):
+        _build(data, encoder, out, overwrite=True)
+    assert (out / "shard-001" / "NOTES.txt").read_text() == "mine"
+    assert Retriever.load(out, encoder).manifest["shards"] == 2
+
+
+def test_every_path_a_sharded_build_writes_is_an_index_entry(data, encoder, tmp_path):
+    out = _build(data, encoder, tmp_path / "idx", shards=2, store_vectors=True, index_type="IVF8,Flat",
+                 train_size=300)
+    written = _tree(out)
+    assert "shard-001/vectors.npy" in written and "shard-000/id_row.npy" in written
+    assert [p for p in written if not IB.is_index_entry(p)] == []
+    for foreign in ("shard-000/NOTES.txt", "shard-000/manifest.json", "shard-000/sub/index.faiss",
+                    "shard-00/index.faiss", "shard-000/index.faiss/x", "NOTES.txt"):
+        assert not IB.is_index_entry(foreign), foreign
+
+
+def test_overwrite_refuses_to_delete_an_input_it_reads(data, tmp_path, capsys):
+    corpus, emb, _, _ = data
+    out = tmp_path / "idx3"
+    base = ["build", "--corpus", str(corpus), "--out", str(out), "--no-progress"]
+    assert cli([*base, "--embeddings", str(emb), "--store-vectors"]) == 0
+    kept = _files(out)
+    assert cli([*base, "--embeddings", str(out / "vectors.npy"), "--index", "hnsw", "--overwrite"]) == 2
+    assert (f"--overwrite would delete {out / 'vectors.npy'}, which holds the input {out / 'vectors.npy'}; nothing "
+            "was deleted") in capsys.readouterr().err
+    assert _files(out) == kept
+    assert not (tmp_path / ".idx3.partial").exists()
+
+
+def test_adopt_overwrite_refuses_to_delete_the_faiss_file_it_reads(data, encoder, tmp_path):
+    corpus, _, _, x = data
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "x.faiss"))
+    out = adopt_index(tmp_path / "x.faiss", corpus, tmp_path / "idx", encoder, progress=False)
+    kept = _files(out)
+    with pytest.raises(OutputError, match="which holds the input .*index.faiss; nothing was deleted"):
+        adopt_index(out / "index.faiss", corpus, out, encoder, progress=False, overwrite=True)
+    assert _files(out) == kept
+
+
+# ---------------------------------------------------------------- Parquet embeddings
+
+
+def test_parquet_takes_the_first_column_of_numbers(data, encoder, tmp_path):
+    x = data[3]
+    path = tmp_path / "emb.parquet"
+    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(N)], "kw": [["a", "b"]] * N, "emb": list(x)}), path,
+                   row_group_size=128)
+    r = Retriever.load(build_index(data[0], tmp_path / "pq", encoder, embeddings=path, progress=False), encoder)
+    np.testing.assert_allclose(r.index.reconstruct_n(0, N), x, atol=1e-6)
+
+
+@pytest.mark.parametrize(("row", "vector", "needle"), [
+    (300, None, r"row group 2: row 300 has no vector \(null\)"),
+    (5, [0.5] * (DIM - 1), rf"row group 0: row 5 has {DIM - 1} values, but row 0 has {DIM}"),
+    (599, [0.5] * (DIM + 1), rf"row group 4: row 599 has {DIM + 1} values, but row 0 has {DIM}"),
+])
+def test_parquet_rows_without_a_whole_vector_are_named(data, encoder, tmp_path, row, vector, needle):
+    rows = [list(map(float, v)) for v in data[3]]
+    rows[row] = vector
+    path = tmp_path / "emb.parquet"
+    pq.write_table(pa.table({"emb": pa.array(rows, pa.list_(pa.float32()))}), path, row_group_size=128)
+    with pytest.raises(RetrieverError, match=rf"embeddings {path} column 'emb', {needle}"):
+        build_index(data[0], tmp_path / "o", encoder, embeddings=path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.parquet"]

@@ -82,7 +82,7 @@ def test_env_layer_imports_without_torch():
 
 def test_index_files_and_manifest(flat_dir, passages):
     assert {p.name for p in flat_dir.iterdir()} == {"index.faiss", "passages.arrow", "id_hash.npy", "id_row.npy",
-                                                     "manifest.json", ".ziprl-run"}
+                                                     "manifest.json", ".ziprl-run", ".ziprl-lock"}
     m = json.loads((flat_dir / "manifest.json").read_text())
     assert m["count"] == N
     assert m["dim"] == 384
@@ -245,6 +245,10 @@ def test_load_errors(flat_dir, encoder, tmp_path):
     bad = shutil.copytree(flat_dir, tmp_path / "bad")
     m = json.loads((bad / "manifest.json").read_text())
     (bad / "manifest.json").write_text(json.dumps({**m, "shard_counts": [N + 1]}))
+    with pytest.raises(RetrieverError, match=rf"manifest.json is damaged \(shard_counts is \[{N + 1}\], not a list of "
+                                             rf"1 integers >= 1 summing to count {N}\); rebuild it with: "):
+        Retriever.load(bad, encoder)
+    (bad / "manifest.json").write_text(json.dumps({**m, "count": N + 1, "shard_counts": [N + 1]}))
     with pytest.raises(RetrieverError, match="does not match its manifest"):
         Retriever.load(bad, encoder)
     (bad / "manifest.json").write_text(json.dumps({**m, "format": 1}))

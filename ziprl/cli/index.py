@@ -11,7 +11,9 @@
 
 A build that is interrupted resumes from its last checkpoint when the same command is run again. ``DIR`` is new,
 or an index ZipRL marked as its own: reused when its inputs and settings are the same, replaced only with
-``--overwrite`` (see :mod:`ziprl.outputs`).
+``--overwrite`` (see :mod:`ziprl.outputs`), which never deletes an input the command reads. An existing ``DIR`` is
+kept (its mode and owner stay): the index is moved into it, so ``DIR`` may not be a mount point (pass a directory
+inside it).
 """
 
 from __future__ import annotations

@@ -58,7 +58,13 @@ class Encoder:
                 from sentence_transformers import SentenceTransformer
             except ImportError:
                 raise RetrieverError("the encoder needs sentence-transformers: pip install sentence-transformers") from None
-            self._model = SentenceTransformer(str(path), device=self.device)
+            try:
+                self._model = SentenceTransformer(str(path), device=self.device)
+            except (OSError, ValueError, KeyError) as exc:  # no config, no weights, unreadable JSON, unknown model
+                reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                raise RetrieverError(f"encoder {path} cannot be loaded as a sentence-transformers model ({reason}); "
+                                     "pass a sentence-transformers model directory (e.g. an E5-base-v2 download), or "
+                                     "leave --encoder (retriever.encoder) unset for all-MiniLM-L6-v2") from None
         return self._model
 
     @property

@@ -5,7 +5,15 @@ Memory while building is bounded by one chunk of vectors (``chunk_size`` x dim x
 encoder's activations when encoding), the training sample, 16 bytes per passage of id hashes, and the
 index of the shard being filled. The work happens in ``.<out>.partial`` next to ``out``; ``progress.json``
 there (rewritten atomically after each checkpoint) records what is done, so a build that is interrupted
-resumes from its last checkpoint when run again with the same inputs.
+resumes from its last checkpoint when run again with the same inputs, and the old index in ``out`` stays as it is.
+
+A finished build is installed into ``out`` entry by entry (:func:`install`): ``out`` itself is never renamed or
+replaced (its inode, mode and owner stay, and so does a shell's working directory). The old index's entries are
+planned again first, so a file that appeared in ``out`` meanwhile stops the install (the new index waits in the work
+directory for a rerun) instead of being deleted; only planned entries are deleted. The plan is recorded in
+``progress.json`` before anything is deleted, so an install that is interrupted is finished by the rerun.
+An existing ``out`` that is a mount point (an empty volume) is refused before anything is written: the work directory
+beside it is on another file system, which no rename can cross; build into a directory inside it instead.
 """
 
 from __future__ import annotations
@@ -22,22 +30,28 @@ from typing import Any
 import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ziprl.outputs import (
+    LOCK,
     MARKER,
+    OutputError,
     checked_dir,
+    delete,
     entries,
     locked,
     no_marker,
     plan_replace,
     read_marker,
+    refuse_inputs_inside,
     refuse_links,
+    shown,
     used,
     write_marker,
 )
-from ziprl.paths import atomic_path, atomic_write_json, replace_dir
+from ziprl.paths import atomic_path, atomic_write_json, fsync
 from ziprl.retrieval.corpus import iter_corpus, scan_corpus
 from ziprl.retrieval.encoder import Encoder
 from ziprl.retrieval.index_files import (
@@ -63,8 +77,12 @@ PROGRESS_FILE, TRAINED_FILE = "progress.json", "trained.faiss"
 BUILD_KEYS = ("format", "corpus_sha256", "count", "encoder", "query_prefix", "passage_prefix", "factory", "shards",
               "embeddings", "train_size", "store_vectors")
 BUILD_DEFAULTS = {"store_vectors": False}  # build keys an index written before they existed is read as having
-# what an index directory holds (its own marker and lock included), and so what --overwrite may delete
-is_index_entry = entries(*map(re.escape, (MANIFEST_FILE, INDEX_FILE, VECTORS_FILE, *STORE_FILES)), r"shard-\d{3,}")
+SHARD_FILES = "|".join(map(re.escape, (INDEX_FILE, VECTORS_FILE, *STORE_FILES)))  # what a shard directory holds
+# what an index directory holds (its own marker and lock included), and so what --overwrite may delete: its
+# top-level names and the relative paths of the files inside its shard directories
+is_index_entry = entries(*map(re.escape, (MANIFEST_FILE, INDEX_FILE, VECTORS_FILE, *STORE_FILES)), r"shard-\d{3,}",
+                         rf"shard-\d{{3,}}/(?:{SHARD_FILES})")
+LEFTOVER = re.compile(r"index\.partial-\d+\.faiss|\..+\.[0-9a-f]{8}\.tmp")  # a killed build's files (checkpoints, temps)
 
 
 def build_key(manifest: dict) -> dict:
@@ -215,8 +233,14 @@ class NpyVectors(Vectors):
         return _normalised(self._x[rows])
 
 
+def _numeric_list(t: pa.DataType) -> bool:
+    """Whether a column type is a list of numbers (a vector per row)."""
+    lists = pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
+    return lists and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))
+
+
 class ParquetVectors(Vectors):
-    """A Parquet file whose first list<float> column holds one vector per row (read by row group)."""
+    """A Parquet file whose first list column of numbers holds one vector per row (read by row group)."""
 
     def __init__(self, path: Path):
         try:
@@ -224,25 +248,34 @@ class ParquetVectors(Vectors):
         except (OSError, pa.ArrowException) as exc:
             raise RetrieverError(f"embeddings {path} cannot be read as Parquet ({exc})") from None
         schema = self._file.schema_arrow
-        cols = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)
-                or pa.types.is_large_list(f.type)]
+        cols = [f.name for f in schema if _numeric_list(f.type)]
         if not cols:
-            raise RetrieverError(f"embeddings {path} has no list column of vectors (columns: {schema.names})")
-        self._col = cols[0]
+            raise RetrieverError(f"embeddings {path} has no column of number lists (vectors) (columns: "
+                                 f"{', '.join(f'{f.name}: {f.type}' for f in schema)})")
+        self._col, self._path = cols[0], path
         meta = self._file.metadata
         self.count = meta.num_rows
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._starts = np.cumsum([0, *sizes])
         self._cached: tuple[int, np.ndarray] | None = None
-        self.dim = self._group(0).shape[1] if self.count else 0
+        self.dim = -1  # row 0's, once read
+        self.dim = self._group(int(np.searchsorted(self._starts, 0, side="right")) - 1).shape[1] if self.count else 0
 
     def _group(self, g: int) -> np.ndarray:
         if self._cached is None or self._cached[0] != g:
             col = self._file.read_row_group(g, columns=[self._col]).column(0).combine_chunks()
+            where = f"embeddings {self._path} column {self._col!r}, row group {g}"
+            if col.null_count:
+                row = int(self._starts[g]) + int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+                raise RetrieverError(f"{where}: row {row} has no vector (null); every corpus passage needs one")
+            sizes = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+            dim = self.dim if self.dim >= 0 else int(sizes[0])
+            if (sizes != dim).any():
+                row = int(np.argmax(sizes != dim))
+                raise RetrieverError(f"{where}: row {int(self._starts[g]) + row} has {sizes[row]} values, but row 0 "
+                                     f"has {dim}; every vector needs the same dimension")
             flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            if len(col) and len(flat) % len(col):
-                raise RetrieverError(f"embeddings column {self._col!r} holds vectors of different lengths")
-            self._cached = (g, flat.reshape(len(col), -1))
+            self._cached = (g, flat.reshape(len(col), dim))
         return self._cached[1]
 
     def rows(self, start: int, stop: int) -> np.ndarray:
@@ -388,21 +421,92 @@ def _check_out(out_dir: str | Path, work: str) -> Path:
     return out
 
 
+def mount_point(path: Path) -> bool:
+    """Whether the directory ``path`` is a mount point: on another device than its parent, or listed in
+    ``/proc/self/mountinfo`` (a bind mount of the same file system, which a rename cannot cross either)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    octal = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space in a path as \040
+    return any(len(f := line.split()) > 4 and octal.sub(lambda m: chr(int(m[1], 8)), f[4]) == str(path)
+               for line in lines)
+
+
+def _check_mount(out: Path) -> None:
+    """RetrieverError (nothing written) when the existing ``out`` is a mount point: the build's work directory beside
+    it is on another file system, and no rename can move the finished index in."""
+    if out.is_dir() and mount_point(out):
+        raise RetrieverError(f"--out {out} is a mount point: a build works beside it, in {out.parent}, and no rename "
+                             "moves the finished index across mounts; nothing was written: build into a directory "
+                             f"inside it, e.g. --out {out / 'index'}")
+
+
 REPLACE_HINT = "pass --overwrite to replace it, or choose another output directory"
 
 
-def _check_replace(out: Path, overwrite: bool, how: str = REPLACE_HINT) -> None:
-    """Refuse (nothing written) to replace the index in ``out`` unless it is a marked ZipRL index holding only index
-    files and no link, and ``overwrite`` is given; the refusal names ``how`` to replace it."""
+def _check_replace(out: Path, overwrite: bool, how: str = REPLACE_HINT) -> tuple[Path, ...]:
+    """The entries replacing the index in ``out`` deletes (none for a new or empty directory). Refused, nothing
+    written, unless it is a marked ZipRL index holding only index files and no link, and ``overwrite`` is given; the
+    refusal names ``how`` to replace it."""
     if not out.is_dir() or not used(out):
-        return
+        return ()
     if read_marker(out) is None:
         raise RetrieverError(f"{out} holds an index of an older ZipRL (no {MARKER} marker) for other inputs or "
                              "settings; nothing was written: delete it yourself to rebuild it there, or choose "
                              "another output directory")
     if not overwrite:
         raise RetrieverError(f"{out} holds a ZipRL index of other inputs or settings; nothing was written: {how}")
-    plan_replace(out, "index", is_index_entry)
+    return plan_replace(out, "index", is_index_entry)
+
+
+def _install_plan(out: Path, overwrite: bool, waits: str) -> tuple[Path, ...]:
+    """The entries of ``out`` to delete before a finished index moves in, planned now (a file may have appeared
+    since the build began); refused, nothing deleted, for any entry without ``overwrite`` and for a foreign one."""
+    if not used(out):
+        return ()
+    if not overwrite:
+        names = sorted(p.name for p in out.iterdir() if p.name not in (MARKER, LOCK))
+        raise OutputError(f"{out} was written while the index was built ({shown(names)}); nothing in it was deleted "
+                          f"and {waits}: move those entries out of it and run the same command again")
+    try:
+        return plan_replace(out, "index", is_index_entry)
+    except OutputError as exc:
+        raise OutputError(f"{exc} (written while the index was built); {waits}: run the same command again once "
+                          "they are moved out") from None
+
+
+def install(work: Path, out: Path, overwrite: bool, waits: str | None = None) -> None:
+    """Move the finished index in ``work`` into ``out`` entry by entry, the manifest last; ``out`` itself is never
+    renamed. The entries of ``out`` are planned again first (:func:`_install_plan`, whose refusal says ``waits``)
+    and only they are deleted. The plan goes into ``work``'s progress file before anything is deleted, so calling
+    this again finishes an interrupted install."""
+    waits = waits or f"the finished index waits in {work}"
+    state = read_json(work / PROGRESS_FILE) or {}
+    swap = state.get("swap")
+    if swap is None:
+        old = _install_plan(out, overwrite, waits)
+        names = [n for n in os.listdir(work) if n not in (PROGRESS_FILE, MARKER)]
+        swap = {"delete": [p.name for p in old], "move": sorted(names, key=lambda n: (n == MANIFEST_FILE, n))}
+        atomic_write_json(work / PROGRESS_FILE, state | {"swap": swap})
+    else:  # out holds the old entries not deleted yet and the new ones moved in, and nothing else
+        foreign = sorted(set(os.listdir(out)) - {MARKER, LOCK, *swap["delete"], *swap["move"]})
+        if foreign:
+            raise OutputError(f"{out} was written while the index was installed ({shown(foreign)}); nothing more was "
+                              f"deleted and {waits}: move those entries out of it and run the same command again")
+    write_marker(out, "index")
+    pending = {n for n in swap["move"] if os.path.lexists(work / n)}  # the others are in out already
+    delete([out / n for n in sorted(swap["delete"], key=lambda n: n != MANIFEST_FILE)
+            if (n in pending or n not in swap["move"]) and os.path.lexists(out / n)])
+    for name in swap["move"]:
+        if name in pending:
+            os.replace(work / name, out / name)
+    fsync(out)
+    (work / PROGRESS_FILE).unlink()
+    (work / MARKER).unlink(missing_ok=True)
+    work.rmdir()
 
 
 def index_differences(out_dir: str | Path, index_type: str, shards: int, store_vectors: bool) -> list[str]:
@@ -418,10 +522,10 @@ def index_differences(out_dir: str | Path, index_type: str, shards: int, store_v
             if old.get(key, False) != value]
 
 
-def _resumable(work: Path, build: dict) -> bool:
-    """Whether ``work`` holds a partial build of these inputs and settings."""
+def _progress(work: Path, build: dict) -> dict[str, Any] | None:
+    """The progress of the partial build in ``work`` when it is one of these inputs and settings, else None."""
     state = read_json(work / PROGRESS_FILE)
-    return state is not None and build_key(state.get("build") or {}) == build
+    return state if state is not None and build_key(state.get("build") or {}) == build else None
 
 
 def _up_to_date(out: Path, build: dict) -> bool:
@@ -435,6 +539,14 @@ def _embeddings_key(path: str | Path | None) -> dict[str, Any] | None:
     p = Path(path).expanduser().resolve()
     st = p.stat()
     return {"path": str(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _drop_leftovers(folders: list[Path]) -> None:
+    """Delete what killed runs of this build left in its work folders: superseded checkpoints, temporary files."""
+    for folder in folders:
+        for p in folder.iterdir():
+            if LEFTOVER.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                p.unlink()
 
 
 def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder | None = None,
@@ -453,9 +565,10 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     ``out_dir`` follows the output rule (:mod:`ziprl.outputs`): new, or marked as a ZipRL index; an index of other
     inputs or settings there is replaced only with ``overwrite`` (the command's ``--overwrite``; a cached index
     is rebuilt when its corpus changes), else refused naming ``replace_hint``, and an unmarked one of an older ZipRL
-    only reused, never written. While
-    another process builds ``out``, this one waits and then reuses its index (``wait``; False: refuses, naming it,
-    as the command does), so the replicas of a retriever deployment build a missing index once.
+    only reused, never written; ``overwrite`` is refused when it would delete an input (corpus, embeddings,
+    encoder). The finished index moves into ``out`` entry by entry (:func:`install`), so an existing mount point is
+    refused. While another process builds ``out``, this one waits and then reuses its index (``wait``; False:
+    refuses, naming it, as the command does), so the replicas of a retriever deployment build a missing index once.
     """
     for name, value, low in (("batch_size", batch_size, 1), ("shards", shards, 1), ("chunk_size", chunk_size, 1),
                              ("train_size", train_size, 1)):
@@ -490,23 +603,31 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     if _up_to_date(out, build):
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
-    _check_replace(out, overwrite, replace_hint)
     work = out.with_name(f".{out.name}.partial")
-    resumed = _resumable(work, build)
-    if source is not None and not resumed:  # a resumed build's vectors were checked when it started
+    inputs = (corpus_path, embeddings, encoder.path)
+    state = _progress(work, build)
+    if state is None or "swap" not in state:  # an interrupted install of this build is finished as planned
+        refuse_inputs_inside(_check_replace(out, overwrite, replace_hint), inputs)
+    _check_mount(out)
+    if source is not None and state is None:  # a resumed build's vectors were checked when it started
         check_finite(source, embeddings, chunk_size)
+    resumed = state is not None
     with locked(out, wait):  # a second build of out waits, or is refused, until this one ends
         _check_out(out, "partial")  # checked again under the lock: another build may have finished meanwhile
         if _up_to_date(out, build):
             return out
-        _check_replace(out, overwrite, replace_hint)
-        state = read_json(work / PROGRESS_FILE)
-        if not _resumable(work, build):
+        state = _progress(work, build)
+        if state is not None and "swap" in state:
+            log.info("finishing the install of the index built in %s", work)
+            install(work, out, overwrite)
+            return out
+        refuse_inputs_inside(_check_replace(out, overwrite, replace_hint), inputs)
+        if state is None:
             if source is not None and resumed:  # another build changed the partial one meanwhile
                 check_finite(source, embeddings, chunk_size)
             shutil.rmtree(work, ignore_errors=True)  # a partial build of other inputs (marked: checked above)
             work.mkdir()
-            write_marker(work, "index")  # moves with the build onto out
+            write_marker(work, "index")  # a build's own: a rerun may resume it or delete it
             state = {"build": build, "stored": False, "trained": False, "added": [0] * shards,
                      "files": [None] * shards}
             atomic_write_json(work / PROGRESS_FILE, state)
@@ -555,10 +676,10 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
                     (part / previous).unlink(missing_ok=True)
                 del index
         (work / TRAINED_FILE).unlink(missing_ok=True)
-        (work / PROGRESS_FILE).unlink()
+        _drop_leftovers(sorted({work, *parts}))
         manifest["shard_counts"] = [b - a for a, b in bounds]
         atomic_write_json(work / MANIFEST_FILE, manifest)
-        replace_dir(work, out)
+        install(work, out, overwrite)
         return out
 
 
@@ -576,7 +697,9 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
     if not src.is_file():
         raise RetrieverError(f"FAISS index file {src} does not exist; pass the path of a file faiss.write_index wrote")
     out = _check_out(out_dir, "adopting")
-    _check_replace(out, overwrite)
+    inputs = (src, corpus_path, encoder.path if encoder is not None else None)
+    refuse_inputs_inside(_check_replace(out, overwrite), inputs)
+    _check_mount(out)
     try:
         index = faiss.read_index(str(src), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     except RuntimeError:
@@ -605,7 +728,7 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
     del index
     with locked(out):  # a second adopt or build of out is refused until this one ends
         _check_out(out, "adopting")  # checked again under the lock
-        _check_replace(out, overwrite)
+        refuse_inputs_inside(_check_replace(out, overwrite), inputs)
         work = out.with_name(f".{out.name}.adopting")
         shutil.rmtree(work, ignore_errors=True)  # a killed adopt's (marked: checked above)
         work.mkdir()
@@ -614,7 +737,7 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
             write_store((p for _, p in iter_corpus(corpus_path)), work, scan.id_hashes)
             shutil.copyfile(src, work / INDEX_FILE)
             atomic_write_json(work / MANIFEST_FILE, manifest)
-            replace_dir(work, out)
+            install(work, out, overwrite, "nothing was installed")
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise

@@ -55,8 +55,11 @@ def read_manifest(index_dir: Path) -> dict[str, Any] | None:
 
 
 def missing_files(index_dir: Path, manifest: dict[str, Any] | None) -> list[str]:
-    """Files an index directory lacks (relative names); the manifest says how many shards to expect."""
-    shards = int((manifest or {}).get("shards", 1))
+    """Files an index directory lacks (relative names); the manifest says how many shards to expect (a manifest whose
+    count of shards is not a whole number >= 1 is damaged: it is named as lacking)."""
+    shards = (manifest or {}).get("shards", 1)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        return [MANIFEST_FILE]
     files = PART_FILES + ((VECTORS_FILE,) if (manifest or {}).get("store_vectors") else ())
     names = [MANIFEST_FILE] + [str(shard_dir(Path(), s, shards) / f) for s in range(shards) for f in files]
     return [n for n in names if not (index_dir / n).is_file()]

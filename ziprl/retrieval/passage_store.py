@@ -58,6 +58,10 @@ def write_store(passages: Iterable[Passage], out_dir: Path, id_hashes: np.ndarra
     return rows
 
 
+class DamagedStore(ValueError):
+    """A store file holds values no build writes (the retriever adds how to rebuild the index)."""
+
+
 class PassageStore:
     """Read-only, memory-mapped passages of one index (or shard) directory."""
 
@@ -71,8 +75,12 @@ class PassageStore:
         n = self._reader.num_record_batches
         self.batch_rows = self._reader.get_batch(0).num_rows if n else 0
         self._len = (n - 1) * self.batch_rows + self._reader.get_batch(n - 1).num_rows if n else 0
+        if self._hashes.ndim != 1 or self._rows.ndim != 1 or not np.issubdtype(self._rows.dtype, np.integer):
+            raise ValueError(f"{d}: {ID_HASH_FILE} and {ID_ROW_FILE} must be 1-D (integer rows), got "
+                             f"{self._hashes.shape} and {self._rows.shape} of {self._rows.dtype}")
         if not len(self._hashes) == len(self._rows) == self._len:
             raise ValueError(f"{d}: {self._len} passages but {len(self._hashes)} id hashes / {len(self._rows)} rows")
+        self._dir = d
 
     def __len__(self) -> int:
         return self._len
@@ -102,6 +110,8 @@ class PassageStore:
         i = int(np.searchsorted(self._hashes, h))
         while i < len(self._hashes) and self._hashes[i] == h:
             row = int(self._rows[i])
+            if not 0 <= row < self._len:  # checked here, not at load: that would read the whole file
+                raise DamagedStore(f"{self._dir / ID_ROW_FILE} is damaged (row {row} is outside 0..{self._len - 1})")
             if self.doc_id(row) == doc_id:
                 return row
             i += 1

@@ -41,7 +41,7 @@ from ziprl.retrieval.index_files import (
     read_manifest,
     shard_dir,
 )
-from ziprl.retrieval.passage_store import PassageStore, passage_text
+from ziprl.retrieval.passage_store import DamagedStore, PassageStore, passage_text
 from ziprl.retrieval.types import Hit, Passage
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,48 @@ def rebuild_hint(index_dir: str | Path | None, corpus: str | Path) -> str:
         return REPLACE_HINT
     return (f"set retriever.index_dir to another directory, or rebuild it there: python -m ziprl.index build "
             f"--corpus {corpus} --out {index_dir} --overwrite (with the run's --index and --shards)")
+
+
+def _rebuild(index_dir: Path) -> str:
+    """How to rebuild an index directory that cannot be searched (``--overwrite`` replaces one that exists)."""
+    again = " --overwrite" if index_dir.is_dir() else ""
+    return f"rebuild it with: python -m ziprl.index build --corpus CORPUS.jsonl --out {index_dir}{again}"
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+MANIFEST_RULES = (("format", _positive, "an integer >= 1"), ("count", _positive, "an integer >= 1"),
+                  ("dim", _positive, "an integer >= 1"), ("shards", _positive, "an integer >= 1"),
+                  ("encoder", _text, "text"), ("encoder_path", lambda v: v is None or _text(v), "text or null"),
+                  ("query_prefix", _text, "text"), ("passage_prefix", _text, "text"), ("index_type", _text, "text"),
+                  ("store_vectors", lambda v: isinstance(v, bool), "true or false"))
+OPTIONAL = {"store_vectors"}  # written by newer builds only
+
+
+def check_manifest(manifest: dict[str, Any], index_dir: Path) -> None:
+    """RetrieverError naming the first field of an index's manifest that is missing or of the wrong type or range
+    (a damaged or edited ``manifest.json``), and how to rebuild the index."""
+    problems = [f"{key} is missing" if key not in manifest else f"{key} is {_shown(manifest[key])}, not {what}"
+                for key, ok, what in MANIFEST_RULES
+                if (key not in manifest and key not in OPTIONAL) or (key in manifest and not ok(manifest[key]))]
+    counts = manifest.get("shard_counts")
+    if not problems and not (isinstance(counts, list) and len(counts) == manifest["shards"]
+                             and all(map(_positive, counts)) and sum(counts) == manifest["count"]):
+        problems.append(f"shard_counts is {_shown(counts)}, not a list of {manifest['shards']} integers >= 1 "
+                        f"summing to count {manifest['count']}")
+    if problems:
+        raise RetrieverError(f"{index_dir / MANIFEST_FILE} is damaged ({problems[0]}); {_rebuild(index_dir)}")
 
 
 def merge_hits(per_shard: Sequence[list[list[Hit]]], k: int) -> list[list[Hit]]:
@@ -135,19 +177,20 @@ class Retriever:
         them (0 = FAISS's default); ``use_gpu`` moves the indexes to GPU when faiss-gpu finds one.
         """
         d = Path(index_dir).expanduser()
-        hint = f"rebuild it with: python -m ziprl.index build --corpus CORPUS.jsonl --out {d}"
+        hint = _rebuild(d)
         if not d.is_dir():
             raise RetrieverError(f"index directory {d} does not exist; {hint}")
         manifest = read_manifest(d)
-        if manifest is not None and manifest.get("format") != FORMAT_VERSION:
-            raise RetrieverError(f"index directory {d} was written by an older ZipRL (format {manifest.get('format')}, "
+        written = manifest.get("format") if manifest is not None else FORMAT_VERSION
+        if written is None or (_positive(written) and written != FORMAT_VERSION):
+            raise RetrieverError(f"index directory {d} was written by an older ZipRL (format {written}, "
                                  f"this version reads format {FORMAT_VERSION}); {hint}")
+        if manifest is not None:
+            check_manifest(manifest, d)
         missing = missing_files(d, manifest)
         if missing:
             raise RetrieverError(f"index directory {d} is incomplete (missing {', '.join(missing)}); {hint}")
-        need = ("count", "dim", "encoder", "encoder_path", "query_prefix", "passage_prefix", "index_type", "shards",
-                "shard_counts")
-        if manifest is None or any(k not in manifest for k in need):
+        if manifest is None:
             raise RetrieverError(f"{d / MANIFEST_FILE} is not a valid ZipRL index manifest; {hint}")
         n = manifest["shards"]
         wanted = list(range(n)) if shards is None else list(shards)
@@ -158,15 +201,20 @@ class Retriever:
             part = shard_dir(d, s, n)
             try:
                 index, store = faiss.read_index(str(part / INDEX_FILE)), PassageStore(part)
+                vectors = np.load(part / VECTORS_FILE, mmap_mode="r") if manifest.get("store_vectors") else None
             except (RuntimeError, OSError, ValueError, pa.ArrowException) as exc:
                 raise RetrieverError(f"index directory {part} cannot be read ({exc}); {hint}") from None
+            shape = (manifest["shard_counts"][s], manifest["dim"])
+            if vectors is not None and (vectors.shape != shape or not np.issubdtype(vectors.dtype, np.floating)):
+                raise RetrieverError(f"{part / VECTORS_FILE} does not match its manifest (manifest: {shape[0]} "
+                                     f"vectors of dim {shape[1]}; {VECTORS_FILE}: shape {vectors.shape} of "
+                                     f"{vectors.dtype}); {hint}")
             if not (index.ntotal == len(store) == manifest["shard_counts"][s]) or index.d != manifest["dim"]:
                 raise RetrieverError(
                     f"index directory {part} does not match its manifest (manifest: {manifest['shard_counts'][s]} "
                     f"passages, dim {manifest['dim']}; index.faiss: {index.ntotal}, dim {index.d}; passage store: "
                     f"{len(store)}); {hint}")
             set_search_params(index, nprobe, ef_search, k_factor)
-            vectors = np.load(part / VECTORS_FILE, mmap_mode="r") if manifest.get("store_vectors") else None
             loaded.append(Shard(to_gpu(index) if use_gpu else index, store, vectors))
         check_dim = encoder is None  # a given encoder is checked now; the manifest's on first use (no torch yet)
         if encoder is None:
@@ -269,7 +317,10 @@ class Retriever:
         """The full passage with this id; UnknownDocument (a KeyError) when there is none."""
         if isinstance(doc_id, str):
             for shard in self.shards:
-                row = shard.store.row_of(doc_id.strip())
+                try:
+                    row = shard.store.row_of(doc_id.strip())
+                except DamagedStore as exc:
+                    raise RetrieverError(f"{exc}; {_rebuild(self.path or Path('INDEX_DIR'))}") from None
                 if row is not None:
                     return shard.store.passage(row)
         raise UnknownDocument(f"unknown document id {doc_id!r}; open takes an id returned by search")

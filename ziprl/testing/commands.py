@@ -42,6 +42,11 @@ FILES = {  # name -> bytes, written into {d}
     "notes.txt": b"just text\n",
     "demos.parquet": b"PAR1 not really",
     "vectors.txt": b"1 2 3\n",
+    "nested.jsonl": b'{"id": "a", "question": "Who?", "answers": ["Ann"], "x": ' + b"[" * 100_000 + b"]" * 100_000
+                    + b"}\n",
+    "noscore.jsonl": b'{"id": "a", "question": "Which band?", "answers": ["!!!"]}\n',
+    "dup2.jsonl": b'{"id": "a", "title": "A", "text": "x"}\n{"id": "a", "title": "B", "text": "y"}\n',
+    "spaceid.jsonl": b'{"id": " a", "title": "A", "text": "x"}\n',
 }
 
 
@@ -68,6 +73,7 @@ OUT = ["--out", f"{D}/run"]
 CASES = [
     *[case("ziprl.config", what, "--show", "--set", value) for what, value in SETS],
     *[case("ziprl.config", what, "--show", "--config", path) for what, path in CONFIGS],
+    case("ziprl.config", "--set through a class attribute", "--show", "--set", "__class__.env=1"),
     case("ziprl.config", "no --show", "--config", f"{D}/nope.yaml"),
     case("ziprl.config", "unknown flag", "--show", "--bogus"),
     *[case("ziprl.eval", what, "--set", value) for what, value in SETS],
@@ -97,6 +103,11 @@ CASES = [
     case("ziprl.eval", "corpus without text", "--set", f"retriever.corpus={D}/notext.jsonl"),
     case("ziprl.eval", "missing corpus", "--set", f"retriever.corpus={D}/nope.jsonl"),
     case("ziprl.eval", "missing index_dir", "--set", f"retriever.index_dir={D}/noindex"),
+    case("ziprl.eval", "question file nested too deeply", "--dataset", f"{D}/nested.jsonl"),
+    case("ziprl.eval", "answer nothing can match", "--dataset", f"{D}/noscore.jsonl"),
+    case("ziprl.eval", "corpus with a duplicate id on line 2", "--set", f"retriever.corpus={D}/dup2.jsonl"),
+    case("ziprl.eval", "corpus id the agent cannot write", "--set", f"retriever.corpus={D}/spaceid.jsonl"),
+    case("ziprl.eval", "corpus smaller than env.top_k", "--set", f"retriever.corpus={D}/good.jsonl"),
     case("ziprl.eval", "unknown flag", "--bogus"),
     *[case("ziprl.train", what, *OUT, "--set", value) for what, value in SETS[:8]],
     *[case("ziprl.train", what, *OUT, "--config", path) for what, path in CONFIGS[:6]],
@@ -109,6 +120,7 @@ CASES = [
     case("ziprl.train", "--sft-checkpoint is a file", *OUT, "--sft-checkpoint", f"{D}/notes.txt"),
     case("ziprl.train", "empty corpus", *OUT, "--set", f"retriever.corpus={D}/empty.jsonl"),
     case("ziprl.train", "missing dataset", *OUT, "--set", f"data.dataset={D}/nope.jsonl"),
+    case("ziprl.train", "corpus with a duplicate id on line 2", *OUT, "--set", f"retriever.corpus={D}/dup2.jsonl"),
     case("ziprl.train", "unknown flag", "--bogus"),
     *[case("ziprl.launch", what, *OUT, "--set", value) for what, value in SETS[:6]],
     *[case("ziprl.launch", what, *OUT, "--config", path) for what, path in CONFIGS[:6]],
