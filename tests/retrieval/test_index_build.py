@@ -223,18 +223,22 @@ def test_embedding_and_option_errors_come_before_any_work(data, encoder, tmp_pat
     assert not (tmp_path / ".o.partial").exists()
 
 
-def test_adopt_checks_dimension_and_count(data, encoder, tmp_path):
-    corpus, _, passages, x = data
+def flat_file(x: np.ndarray, path: Path) -> Path:
+    """A flat inner-product FAISS index of ``x`` written to ``path``."""
     flat = faiss.IndexFlatIP(DIM)
     flat.add(x)
-    faiss.write_index(flat, str(tmp_path / "ok.faiss"))
+    faiss.write_index(flat, str(path))
+    return path
+
+
+def test_adopt_checks_dimension_and_count(data, encoder, tmp_path):
+    corpus, _, passages, x = data
+    flat_file(x, tmp_path / "ok.faiss")
     out = adopt_index(tmp_path / "ok.faiss", corpus, tmp_path / "adopted", encoder, progress=False)
     r = Retriever.load(out, encoder)
     assert r.manifest["index_type"] == "flat"
     assert r.search_embeddings(x[5:6], 1)[0][0].doc_id == passages[5].doc_id
-    short = faiss.IndexFlatIP(DIM)
-    short.add(x[:10])
-    faiss.write_index(short, str(tmp_path / "short.faiss"))
+    flat_file(x[:10], tmp_path / "short.faiss")
     with pytest.raises(RetrieverError, match=f"holds 10 vectors but corpus .* has {N} passages"):
         adopt_index(tmp_path / "short.faiss", corpus, tmp_path / "a2", encoder, progress=False)
     narrow = faiss.IndexFlatIP(8)
@@ -325,9 +329,7 @@ def test_cli_build_options_and_adopt(data, tmp_path, capsys):
     assert passages[450].text in capsys.readouterr().out
     assert cli(["build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--index", "IVF8,Nope"]) == 2
     assert "is not a FAISS factory string" in capsys.readouterr().err
-    short = faiss.IndexFlatIP(DIM)
-    short.add(x[:3])
-    faiss.write_index(short, str(tmp_path / "s.faiss"))
+    flat_file(x[:3], tmp_path / "s.faiss")
     assert cli(["adopt", "--faiss", str(tmp_path / "s.faiss"), "--corpus", str(corpus), "--out", str(tmp_path / "a"),
                 "--no-progress"]) == 2
     assert "holds 3 vectors" in capsys.readouterr().err
@@ -605,9 +607,7 @@ def test_overwrite_refuses_to_delete_an_input_it_reads(data, tmp_path, capsys):
 
 def test_adopt_overwrite_refuses_to_delete_the_faiss_file_it_reads(data, encoder, tmp_path):
     corpus, _, _, x = data
-    flat = faiss.IndexFlatIP(DIM)
-    flat.add(x)
-    faiss.write_index(flat, str(tmp_path / "x.faiss"))
+    flat_file(x, tmp_path / "x.faiss")
     out = adopt_index(tmp_path / "x.faiss", corpus, tmp_path / "idx", encoder, progress=False)
     kept = _files(out)
     with pytest.raises(OutputError, match="which holds the input .*index.faiss; nothing was deleted"):
