@@ -166,9 +166,8 @@ def test_a_marker_that_is_a_directory_says_so(work, capsys, flags, no_models):
 
 def test_overwrite_refuses_to_delete_an_input_the_command_reads(work, capsys, no_models):
     """``--overwrite`` deletes the entries its kind writes, and an input may be one (a model an earlier SFT run wrote,
-    a run's trajectories/ given as a model) or lie in one (a demos file put inside model/, which SFT does not write
-    there): the command is refused before the delete, naming the input, and every file stays (it used to delete
-    the input, then fail reading it)."""
+    a run's trajectories/ given as a model) or lie in one (a demos file put inside model/): the command is refused
+    before the delete, naming the input, and every file stays (it used to delete the input, then fail reading it)."""
     from ziprl.learner.sft import SFT_WRITES
 
     sft_dir = own_dir(work / "s", "sft", SFT_WRITES)
@@ -188,9 +187,15 @@ def test_overwrite_refuses_to_delete_an_input_the_command_reads(work, capsys, no
         err = capsys.readouterr().err
         assert f"which holds the input {held}; nothing was deleted" in err, err
         assert digests(work) == before
-    write_demos([DEMO_ROW], sft_dir / "model" / "d.parquet")  # inside an entry, and not one SFT writes there
+    write_demos([DEMO_ROW], sft_dir / "model" / "d.parquet")  # inside an entry SFT writes whole
     assert sft.main(["--demos", "s/model/d.parquet", "--out", "s", "--overwrite"]) == 2
-    assert "does not write (model/d.parquet); nothing was deleted" in capsys.readouterr().err
+    assert "which holds the input s/model/d.parquet; nothing was deleted" in capsys.readouterr().err
+    (sft_dir / "model" / "d.parquet").unlink()
+    (sft_dir / "model" / "sub").mkdir()  # save_pretrained writes no file in a subdirectory of its own
+    (sft_dir / "model" / "sub" / "x").write_text("mine")
+    assert sft.main(["--demos", "d.parquet", "--out", "s", "--overwrite"]) == 2
+    assert "does not write (model/sub/x); nothing was deleted" in capsys.readouterr().err
+    assert (sft_dir / "model" / "sub" / "x").read_text() == "mine"
 
 
 def test_an_input_outside_what_overwrite_deletes_passes(work):

@@ -20,6 +20,7 @@ from ziprl.learner.sft import (
     SFTRow,
     chat_prompt_ids,
     end_of_turn_ids,
+    is_sft_entry,
     read_demos,
     run_sft,
     sft_rows,
@@ -272,3 +273,17 @@ def test_sigterm_stops_the_sft_command_with_a_checkpoint_that_resumes(tmp_path, 
     again = subprocess.run([*command, "--resume", "--set", "sft.checkpoint_every=0"], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert (out / "model" / "config.json").is_file() and not (out / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("rel", ["model/config.json", "model/modeling_tiny.py", "model/qwen.tiktoken",
+                                 "model/spiece.model", "model/tekken.json", "model/model-00001-of-00002.safetensors",
+                                 "model/additional_chat_templates/tool_use.jinja", "tb/events.out.tfevents.1.h.2.0",
+                                 "checkpoints/step_3-0a1b2c3d/state.json", ".model.k2j_h4xz/config.json"])
+def test_overwrite_may_replace_what_an_sft_run_writes_for_any_model_family(rel):
+    """save_pretrained writes model/ whole, with file names of the model's family (a remote-code model's own .py)."""
+    assert is_sft_entry(rel)
+
+
+@pytest.mark.parametrize("rel", ["model/sub/x", "notes.txt", "checkpoints/mine.txt", "tb/mine/x"])
+def test_overwrite_refuses_what_an_sft_run_does_not_write(rel):
+    assert not is_sft_entry(rel)

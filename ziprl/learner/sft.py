@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 
 DEMO_COLUMNS = ("messages", "response")
 SFT_WRITES = ("model", "tb", "checkpoints")  # what run_sft writes into its out_dir
-# the files of an HF model directory (save_pretrained of the model and its tokenizer)
-MODEL_ENTRIES = (r"model(?:/(?:(?:generation_)?config|tokenizer(?:_config)?|special_tokens_map|added_tokens|vocab"
-                 r"|model\.safetensors\.index)\.json|/model(?:-\d+-of-\d+)?\.safetensors|/(?:merges|vocab)\.txt"
-                 r"|/tokenizer\.model|/chat_template\.(?:jinja|json))?")
+# an HF model directory: save_pretrained of the model and its tokenizer writes it whole (atomically), with files
+# whose names depend on the model family (weights, tokenizer, a remote-code model's own .py files) and named chat
+# templates in one subdirectory
+MODEL_ENTRIES = r"model(?:/[^/]+|/additional_chat_templates/[^/]+)?"
 is_sft_entry = entries(MODEL_ENTRIES, TB_ENTRIES, CHECKPOINT_ENTRIES)
 _SENTINEL = "ZIPRL_END_OF_TURN_PROBE"
 
