@@ -55,6 +55,14 @@ if [ -e "$OUT" ] || [ -L "$OUT" ]; then
     echo "gpu_payload: --out $OUT holds files this script did not write (no $MARK); nothing was written or deleted: choose a new or empty directory" >&2
     exit 2
   fi
+  # what a rerun replaces must be what a run writes: wheels/*.whl, pieces/part-*, payload.tar (plain files)
+  foreign=$(cd "$OUT" && { find . -mindepth 1 ! \( -path ./.ziprl-gpu-payload -o -path ./payload.tar -o -path ./wheels \
+    -o -path ./pieces -o -path './wheels/*.whl' -o -path './pieces/part-*' \) -print -quit; \
+    find . -mindepth 1 ! -type d ! -type f -print -quit; find . -mindepth 2 -type d -print -quit; } | sed -n 1p)
+  if [ -n "$foreign" ]; then
+    echo "gpu_payload: --out $OUT holds ${foreign#./}, which this script does not write; nothing was written or deleted: move it out, or choose a new directory" >&2
+    exit 2
+  fi
 fi
 
 pins=()

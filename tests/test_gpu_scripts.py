@@ -208,6 +208,20 @@ def test_neither_script_writes_into_or_deletes_from_a_directory_it_did_not_write
     ours = tmp_path / "ours"  # one it wrote (marked) or an empty one passes the check (then the dry run stops)
     (ours).mkdir()
     assert run(PAYLOAD, "--dry-run", "--out", str(ours)).returncode == 0
+    for rel in ("wheels/a.whl", "pieces/part-aa", "payload.tar", ".ziprl-gpu-payload"):  # what a run writes
+        (ours / rel).parent.mkdir(exist_ok=True)
+        (ours / rel).write_bytes(b"ours")
+    assert run(PAYLOAD, "--dry-run", "--out", str(ours)).returncode == 0
+    for rel in ("wheels/keep.txt", "wheels/sub/x.whl", "notes.txt", "pieces/mine"):  # a marked one it would replace
+        (ours / rel).parent.mkdir(exist_ok=True)
+        (ours / rel).write_bytes(b"mine")
+        done = run(PAYLOAD, "--dry-run", "--out", str(ours))
+        assert done.returncode == 2 and f"holds {rel.split('/x.whl')[0]}, which this script does not write" in \
+            done.stderr, done.stderr
+        assert (ours / rel).read_bytes() == b"mine" and (ours / "wheels" / "a.whl").read_bytes() == b"ours"
+        (ours / rel).unlink()
+        if (ours / rel).parent.name == "sub":
+            (ours / rel).parent.rmdir()
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
