@@ -215,6 +215,12 @@ def test_a_stopped_sft_resumes_to_the_model_a_straight_run_trains(tmp_path, tiny
         check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir), rows[:3]))
     with pytest.raises(CheckpointError, match="epochs 2 then, 3 now"):
         check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir, epochs=3), rows))
+    (tmp_path / "b" / "model").mkdir()  # killed after its model was written: a resume would write over it
+    (tmp_path / "b" / "model" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="holds the model of a finished SFT .*pass --overwrite to train again"):
+        check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir), rows))
+    (tmp_path / "b" / "model" / "notes.txt").unlink()
+    (tmp_path / "b" / "model").rmdir()
 
     resumed = run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "b", resume=True)
     a, b = weights(straight), weights(resumed)

@@ -267,9 +267,12 @@ def sft_order(cfg: ZipRLConfig, rows: Sequence[SFTRow]) -> dict[str, Any]:
 
 def check_sft_resume(out_dir: Path, order: dict[str, Any]) -> None:
     """CheckpointError, before any model loads, unless ``out_dir``'s latest checkpoint was written by an SFT run
-    of the same step order (:func:`sft_order`)."""
+    of the same step order (:func:`sft_order`) and no finished model is there."""
     from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
 
+    if (Path(out_dir) / "model").exists():  # written whole by save_pretrained: a resume would replace it
+        raise CheckpointError(f"{out_dir} holds the model of a finished SFT ({Path(out_dir) / 'model'}); a resume "
+                              "would write over it: use that model, or pass --overwrite to train again")
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         raise CheckpointError(f"{out_dir} has no SFT checkpoint to resume from; start it again without resuming")
