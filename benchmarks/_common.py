@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
@@ -168,6 +169,47 @@ def results_name(name: str) -> str:
         raise argparse.ArgumentTypeError(f"{name!r}: {RESULTS / name}.json and .md {what}; nothing was written: "
                                          "choose another name, or delete those files yourself to replace them")
     return name
+
+
+def png_writer(path: Path) -> str | None:
+    """The script a plot's PNG names as its writer (``ziprl.plots.save_figure`` tags it), or None (untagged, or not
+    a PNG)."""
+    from PIL import Image
+
+    from ziprl.plots import SOFTWARE
+
+    try:
+        with Image.open(path) as image:
+            tag = getattr(image, "text", {}).get("Software", "")
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return tag.removeprefix(f"{SOFTWARE} ") if tag.startswith(f"{SOFTWARE} ") else None
+
+
+def check_plots(name: str, suffixes: tuple[str, ...] = ("",)) -> str:
+    """``name``, once the plots this script writes for it (``<name><suffix>.png`` in RESULTS) are new or its own:
+    tagged by it, or, untagged (written before the tag), beside results it may replace (``<name>[_part].json`` it
+    wrote, or older than the provenance: :func:`results_writer`); ArgumentTypeError otherwise (checked before any
+    work, as :func:`results_name` is)."""
+    script = Path(sys.argv[0]).name
+    for suffix in suffixes:
+        png = RESULTS / f"{name}{suffix}.png"
+        if not os.path.lexists(png):
+            continue
+        writer = png_writer(png)
+        parts = [p for p in (RESULTS / f"{name}.json", *RESULTS.glob(f"{glob.escape(name)}_*.json")) if p.is_file()]
+        if writer == script or (writer is None and any(results_writer(p.stem) in (script, None) for p in parts)):
+            continue  # its own, or beside results its writer may replace (its own, or older than the provenance)
+        what = f"is a plot of {writer}" if writer else "is not a plot this script wrote"
+        raise argparse.ArgumentTypeError(f"{name!r}: {png} {what}; nothing was written: choose another name, or "
+                                         "delete it yourself to replace it")
+    return name
+
+
+def plots_name(*suffixes: str) -> Callable[[str], str]:
+    """An argparse ``type``: :func:`results_name`, whose plots (``<name><suffix>.png``; default ``<name>.png``) are
+    checked too (:func:`check_plots`)."""
+    return lambda name: check_plots(results_name(name), suffixes or ("",))
 
 
 def results_writer(name: str) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, at_least, model_dir, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, model_dir, plots_name, results_name, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
@@ -76,6 +76,11 @@ def main() -> None:
     ap.add_argument("--seed", type=at_least(0), default=0, help="the data's sampling seed")
     ap.add_argument("--name", type=results_name, help="results file name (default base_rate_<task>)")
     args = ap.parse_args()
+    name = args.name or f"base_rate_{args.task}"
+    try:  # the results and plot it writes are new or its own: checked before any work
+        plots_name()(name)
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"--name {name}: {exc}")
 
     from ziprl.boundary import UserError
     from ziprl.config import load_config
@@ -95,7 +100,6 @@ def main() -> None:
     stats, trajs = run_strategy(cfg, cfg.env.strategy, setup, progress=True)
     rows = group_rows(trajs, {ex.id: ex.source for ex in setup[0]})
     pooled = summary(rows)
-    name = args.name or f"base_rate_{args.task}"
     meta = {"model": str(args.model), "task": args.task, "group": args.group, "seed": args.seed,
             "seconds": time.perf_counter() - t0, "summary": pooled, "eval_stats": stats}
     write_results(name, [pooled | {"em_pass_histogram": str(pooled["em_pass_histogram"])}] + rows, meta,

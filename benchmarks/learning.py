@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     RESULTS,
     at_least,
+    check_plots,
     in_work_dir,
     listed,
     model_dir,
@@ -100,6 +101,8 @@ OWNED = {"learner.hrr_weight": "--weights", "learner.seed": "--seeds", "data.see
          **dict.fromkeys(("run.keep_checkpoints", "run.out_dir", "run.resume", "rollout.dynamic_sampling",
                           "model.path", "model.num_threads"), "")}
 RESULT_PARTS = ("goals", "heldout", "diff", "curve", "train")  # the results files: <name>_<part>.json and .md
+TRAIN_PLOTS = (("reward", "_reward"), ("q_com", "_qcom"), ("zero_variance_frac", "_zero_variance"))  # metric, suffix
+PLOT_SUFFIXES = (*(suffix for _, suffix in TRAIN_PLOTS), "_heldout_f1")  # its plots: <name><suffix>.png
 EVAL_SECTIONS = ("env", "retriever", "model", "sampling", "data", "rollout")  # what a held-out evaluation reads
 CONTINUABLE = {"learner.steps", "run.checkpoint_every", "run.resume", "run.out_dir",  # may differ when a run goes on
                "model.num_threads"}
@@ -539,11 +542,11 @@ def report(evals: dict[str, dict], runs: dict[str, list[dict]], meta: dict, name
     write_results(f"{name}_train", train_rows(runs), meta | {"curves": {n: [{k: m.get(key) for k, key in
                                                                          TRAIN_METRICS.items()} for m in r]
                                                                          for n, r in runs.items()}}, config)
-    for metric, png in (("reward", f"{name}_reward.png"), ("q_com", f"{name}_qcom.png"),
-                        ("zero_variance_frac", f"{name}_zero_variance.png")):
+    for metric, suffix in TRAIN_PLOTS:
         train = {f"w={w:g}": [(i + 1, statistics.fmean(runs[f"w{w:g}_seed{s}"][i].get(TRAIN_METRICS[metric], 0.0)
                                                          for s in seeds)) for i in range(steps)] for w in weights}
-        plot_curves(train, RESULTS / png, f"Training {metric}, mean over {len(seeds)} seed(s)", metric)
+        plot_curves(train, RESULTS / f"{name}{suffix}.png", f"Training {metric}, mean over {len(seeds)} seed(s)",
+                    metric)
     f1 = held["f1"]
     plot_curves({w: [(k, mean) for k, mean, _, _ in pts] for w, pts in f1.items()},
                 RESULTS / f"{name}_heldout_f1.png",
@@ -628,11 +631,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.weights or len(set(args.weights)) != len(args.weights):
         ap.error(f"--weights {given}: give distinct numbers (e.g. --weights 0,0.2,1)")
     args.name = args.name or f"learning_{args.task}" + ("_quick" if args.quick else "")
-    for part in RESULT_PARTS:  # checked now, not after hours of runs
-        try:
+    try:  # checked now, not after hours of runs
+        for part in RESULT_PARTS:
             results_name(f"{args.name}_{part}")
-        except argparse.ArgumentTypeError as exc:
-            ap.error(f"--name {args.name}: {exc}")
+        check_plots(args.name, PLOT_SUFFIXES)
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"--name {args.name}: {exc}")
     args.greedy = args.greedy or (args.quick and args.eval_samples is None)
     args.eval_samples = 1 if args.greedy else args.eval_samples or 2
     if args.quick:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, at_least, in_work_dir, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, in_work_dir, plots_name, write_results  # noqa: E402
 
 from ziprl.outputs import OutputError  # noqa: E402
 from ziprl.paths import atomic_path, atomic_write_json  # noqa: E402
@@ -316,7 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sharded", nargs="+", default=["flat", "ivf-pq48+sq4"], choices=[*CONFIGS, "none"],
                     help="configs also built as 2 shards ('none': no config)")
     ap.add_argument("--work", default=None, help="data + index directory")
-    ap.add_argument("--name", type=results_name, default="retrieval_scale", help="results file name under benchmarks/results/")
+    ap.add_argument("--name", type=plots_name(), default="retrieval_scale", help="results file name under benchmarks/results/")
     ap.add_argument("--queries", type=int, default=500, help="queries of each kind (real, synthetic)")
     ap.add_argument("--sweep", nargs="*", type=at_least(1), default=None, metavar="NPROBE",
                     help="search the IVF indexes of the last run again at these nprobe values and add the rows")

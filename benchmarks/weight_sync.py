@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, at_least, listed, one_of, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, listed, one_of, plots_name, write_results  # noqa: E402
 
 from ziprl.actors.learner_actor import LearnerWorker  # noqa: E402
 from ziprl.actors.rollout_actor import RolloutWorker  # noqa: E402
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="weights.bucket_mb: MiB per bucket the sender packs")
     ap.add_argument("--repeats", type=at_least(1), default=3,
                     help="warm pushes per setting (after one warm-up push; 2 for models of 2 GB or more)")
-    ap.add_argument("--name", type=results_name, default="weight_sync", help="results file stem under benchmarks/results")
+    ap.add_argument("--name", type=plots_name(), default="weight_sync", help="results file stem under benchmarks/results")
     ap.add_argument("--max-gb", type=at_least(0.0, float), default=9.0,
                     help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
     args = ap.parse_args(argv)

@@ -122,7 +122,7 @@ def test_every_results_name_option_is_checked_before_the_work():
         text = path.read_text(encoding="utf-8")
         for m in re.finditer(r'add_argument\("--(name|out)",[^\n]*', text):
             names_results = "results" in m.group(0) or m.group(1) == "name"
-            if names_results and "type=results_name" not in m.group(0):
+            if names_results and not re.search(r"type=(results_name|plots_name\()", m.group(0)):
                 unchecked.append(f"{path.name}: {m.group(0)[:80]}")
     assert not unchecked
 
@@ -225,3 +225,27 @@ def test_number_and_list_argument_types_exit_2_at_parse_time(common, capsys):
             ap.parse_args(argv)
         assert exc.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_plots_another_script_wrote_or_none_did_are_refused(common, results, monkeypatch):
+    """A plot records the script that wrote it; a name whose plot another script (or no benchmark) wrote is refused
+    when the arguments are parsed, the file kept. An untagged plot beside results this script wrote is its own."""
+    import argparse
+
+    from ziprl.plots import _plt, save_figure
+
+    save_figure(_plt().figure(), results / "mine.png")  # this process: cpu_engines.py
+    assert common.png_writer(results / "mine.png") == "cpu_engines.py"
+    assert common.plots_name()("mine") == "mine"
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "weight_sync.py")])
+    with pytest.raises(argparse.ArgumentTypeError, match=r"mine\.png is a plot of cpu_engines\.py; nothing was"):
+        common.plots_name()("mine")
+    (results / "user.png").write_bytes(b"my own png")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"user\.png is not a plot this script wrote"):
+        common.plots_name()("user")
+    assert (results / "user.png").read_bytes() == b"my own png"
+    (results / "gate_reward.png").write_bytes(b"written before plots were tagged")
+    with pytest.raises(argparse.ArgumentTypeError, match="gate_reward.png is not a plot this script wrote"):
+        common.check_plots("gate", ("_reward",))
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])  # which wrote results/gate.json
+    assert common.check_plots("gate", ("_reward",)) == "gate"

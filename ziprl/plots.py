@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,11 +19,14 @@ def _plt():
     return plt
 
 
+SOFTWARE = "ZipRL"  # a plot's PNG "Software" text: "ZipRL <the script that wrote it>"
+
+
 def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
-    """Write ``fig`` as a PNG to ``path`` atomically (an old plot stays whole until the new one is complete), then
-    close it; returns ``path``."""
+    """Write ``fig`` as a PNG to ``path`` atomically (an old plot stays whole until the new one is complete), tagged
+    with the script that wrote it (:data:`SOFTWARE`), then close it; returns ``path``."""
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
+        fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": f"{SOFTWARE} {Path(sys.argv[0]).name}"})
     _plt().close(fig)
     return Path(path)
 
