@@ -74,7 +74,7 @@ class RunDirPlan:
 def _plan_resume(out: Path, used: bool, steps: int | None = None) -> Path:
     """The verified checkpoint ``--resume`` continues from; OutputError if there is none, the run holds a link, or
     the checkpoint is at ``steps`` already (nothing would be trained)."""
-    from ziprl.learner.checkpoint import latest_checkpoint, verify_checkpoint
+    from ziprl.learner.checkpoint import checkpoint_state, latest_checkpoint
 
     if not used:
         raise OutputError(f"--resume: {out} holds no run to resume; drop --resume to start a new run there")
@@ -90,10 +90,9 @@ def _plan_resume(out: Path, used: bool, steps: int | None = None) -> Path:
     if ckpt is None:
         raise OutputError(f"--resume: {out} has no checkpoint to resume from (no checkpoints/latest); {_recovery(out)}")
     try:
-        verify_checkpoint(ckpt)
+        done = checkpoint_state(ckpt)["step"]
     except ValueError as exc:
         raise OutputError(f"--resume: {exc}; {_recovery(out, ckpt.name)}") from None
-    done = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))["step"]
     if steps is not None and steps <= done:
         raise OutputError(f"--resume: {out} is at step {done} already ({ckpt.name}); pass --steps greater than {done} "
                           "to train further")

@@ -233,8 +233,9 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return path
 
 
-def verify_checkpoint(path: str | Path) -> Path:
-    """Check that a checkpoint directory is complete and readable (without loading it); CheckpointError if not."""
+def checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """The ``state.json`` of a checkpoint directory, once it is checked complete and readable (without loading its
+    tensors); CheckpointError if not."""
     path = Path(path)
     for name in FILES:
         if not (path / name).is_file():
@@ -253,7 +254,13 @@ def verify_checkpoint(path: str | Path) -> Path:
     if wrong or state["step"] < 0:
         raise CheckpointError(f"checkpoint {path}: state.json's {', '.join(wrong) or 'step'} "
                               f"{'is' if len(wrong) < 2 else 'are'} not what a checkpoint write puts there")
-    return path
+    return state
+
+
+def verify_checkpoint(path: str | Path) -> Path:
+    """``path``, once :func:`checkpoint_state` finds the checkpoint complete and readable; CheckpointError if not."""
+    checkpoint_state(path)
+    return Path(path)
 
 
 

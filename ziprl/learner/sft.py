@@ -268,7 +268,7 @@ def sft_order(cfg: ZipRLConfig, rows: Sequence[SFTRow]) -> dict[str, Any]:
 def check_sft_resume(out_dir: Path, order: dict[str, Any]) -> None:
     """CheckpointError, before any model loads, unless ``out_dir``'s latest checkpoint was written by an SFT run
     of the same step order (:func:`sft_order`) and no finished model is there."""
-    from ziprl.learner.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+    from ziprl.learner.checkpoint import CheckpointError, checkpoint_state, latest_checkpoint
 
     if (Path(out_dir) / "model").exists():  # written whole by save_pretrained: a resume would replace it
         raise CheckpointError(f"{out_dir} holds the model of a finished SFT ({Path(out_dir) / 'model'}); a resume "
@@ -276,7 +276,7 @@ def check_sft_resume(out_dir: Path, order: dict[str, Any]) -> None:
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         raise CheckpointError(f"{out_dir} has no SFT checkpoint to resume from; start it again without resuming")
-    saved = json.loads((verify_checkpoint(ckpt) / "state.json").read_text(encoding="utf-8"))["data_position"]
+    saved = checkpoint_state(ckpt)["data_position"]
     differ = [k for k in order if saved.get(k) != order[k]]
     if differ or not isinstance(saved.get("steps_done"), int):
         what = "the demonstration rows (demos file, tokenizer or sft.max_seq_len)" if "rows_sha256" in differ else \
