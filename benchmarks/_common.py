@@ -191,14 +191,16 @@ def check_plots(name: str, suffixes: tuple[str, ...] = ("",)) -> str:
     tagged by it, or, untagged (written before the tag), beside results it may replace (``<name>[_part].json`` it
     wrote, or older than the provenance: :func:`results_writer`); ArgumentTypeError otherwise (checked before any
     work, as :func:`results_name` is)."""
-    script = Path(sys.argv[0]).name
+    script, beside_own = Path(sys.argv[0]).name, None
     for suffix in suffixes:
         png = RESULTS / f"{name}{suffix}.png"
         if not os.path.lexists(png):
             continue
         writer = png_writer(png)
-        parts = [p for p in (RESULTS / f"{name}.json", *RESULTS.glob(f"{glob.escape(name)}_*.json")) if p.is_file()]
-        if writer == script or (writer is None and any(results_writer(p.stem) in (script, None) for p in parts)):
+        if writer is None and beside_own is None:  # results of the name this script may replace (once for all plots)
+            parts = [p for p in (RESULTS / f"{name}.json", *RESULTS.glob(f"{glob.escape(name)}_*.json")) if p.is_file()]
+            beside_own = any(results_writer(p.stem) in (script, None) for p in parts)
+        if writer == script or (writer is None and beside_own):
             continue  # its own, or beside results its writer may replace (its own, or older than the provenance)
         what = f"is a plot of {writer}" if writer else "is not a plot this script wrote"
         raise argparse.ArgumentTypeError(f"{name!r}: {png} {what}; nothing was written: choose another name, or "

@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, at_least, model_dir, plots_name, results_name, write_results  # noqa: E402
+from _common import RESULTS, at_least, check_plots, model_dir, results_name, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"invented": REPO / "configs" / "learn-invented.yaml", "real": REPO / "configs" / "learn-cpu.yaml"}
@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     name = args.name or f"base_rate_{args.task}"
     try:  # the results and plot it writes are new or its own: checked before any work
-        plots_name()(name)
+        check_plots(name if args.name else results_name(name))  # --name was checked when it was parsed
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--name {name}: {exc}")
 

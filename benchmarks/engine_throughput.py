@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from _common import at_least, results_name, write_results
-from gpu_step import ARCHS, build_model, refuse_tokenizer, unknown_archs
+from gpu_step import ARCHS, build_model, refuse_length, refuse_tokenizer, unknown_archs
 
 from ziprl.config import ModelConfig, SamplingConfig
 from ziprl.policy import HFEngine, load_tokenizer, resolve_model_path
@@ -236,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             ap.error("--device cuda: no CUDA GPU is visible to PyTorch here; use --device cpu or auto")
         refuse_tokenizer(ap, args.tokenizer)
-        longest = min(ARCHS[a][1]["max_position_embeddings"] for a in args.arch.split(","))
-        if args.prompt_tokens + args.new_tokens > longest:
-            ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the "
-                     f"{longest} positions of --arch {args.arch}; give fewer tokens")
+        refuse_length(ap, "--arch", args.arch, args.prompt_tokens, args.new_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.arch:

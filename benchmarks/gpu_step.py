@@ -239,6 +239,14 @@ def refuse_tokenizer(ap: argparse.ArgumentParser, tokenizer: str | None) -> None
         ap.error(f"--tokenizer {tokenizer}: not a directory; give SmolLM2's tokenizer directory or leave --tokenizer out")
 
 
+def refuse_length(ap: argparse.ArgumentParser, flag: str, archs: str, prompt: int, new: int) -> None:
+    """``ap.error`` (exit 2) when ``prompt + new`` tokens exceed the positions of a shape in ``archs`` (``flag``)."""
+    longest = min(ARCHS[a][1]["max_position_embeddings"] for a in archs.split(","))
+    if prompt + new > longest:
+        ap.error(f"--prompt-tokens {prompt} + --new-tokens {new}: longer than the {longest} positions of {flag} "
+                 f"{archs}; give fewer tokens")
+
+
 def unknown_archs(archs: str, prog: str) -> bool:
     """Whether the comma-separated ``archs`` name one not in ARCHS; if so ``prog``'s error names it and the choices."""
     unknown = [a for a in archs.split(",") if a not in ARCHS]
@@ -295,10 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if unknown_archs(args.archs, "gpu_step"):
         return 2
-    longest = min(ARCHS[a][1]["max_position_embeddings"] for a in args.archs.split(","))
-    if args.prompt_tokens + args.new_tokens > longest:
-        ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}: longer than the {longest} "
-                 f"positions of --archs {args.archs}; give fewer tokens")
+    refuse_length(ap, "--archs", args.archs, args.prompt_tokens, args.new_tokens)
     refuse_tokenizer(ap, args.tokenizer)
     from ziprl.config import ConfigError
 

@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, and (unless ``--report-only``) the data set, ``--sft-checkpoint`` and every run's settings,
     checked (exit 2) before anything is written: ``stage1_overrides`` and ``base`` (the runs' settings) filled in."""
     from ziprl.cli.common import check_inputs
-    from ziprl.retrieval.datasets import load_dataset
+    from ziprl.env.demos import demo_examples
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=at_least(1), default=6)
@@ -143,9 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        f"rollout.group_size={args.group_size}", "sampling.max_new_tokens=160", "learner.beta=0.001"]
     try:  # every input the runs read, as ziprl.train checks it, before --out is touched
         if not args.sft_checkpoint:  # Stage 1 plays these datasets
-            cfg = load_config(None, args.stage1_overrides)
-            for name in cfg.demos.datasets:
-                load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars)
+            demo_examples(load_config(None, args.stage1_overrides))
         runs = [run_config(s, w, args.sft_checkpoint, args.base, Path(args.out) / f"w{w:g}_seed{s}")
                 for s in args.seeds for w in WEIGHTS]
         check_inputs(runs[0])  # they differ only in seeds and w

@@ -662,9 +662,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         every = args.eval_every or (steps if args.quick else max(1, steps // 2))
         for w in args.weights:
             for s in args.seeds:
-                load_config(args.config, [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"]),
-                                          f"learner.hrr_weight={w}", f"learner.seed={s}", f"data.seed={s}",
-                                          f"learner.steps={steps}", f"run.checkpoint_every={every}",
+                load_config(args.config, [*stage1_sets(args), f"learner.hrr_weight={w}", f"learner.seed={s}",
+                                          f"data.seed={s}", f"learner.steps={steps}", f"run.checkpoint_every={every}",
                                           "run.keep_checkpoints=0"])
         load_config(args.config, [*args.set, f"rollout.group_size={args.eval_samples}",
                                   "rollout.dynamic_sampling=false", f"sampling.greedy={str(args.greedy).lower()}"])
@@ -673,17 +672,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def stage1_sets(args: argparse.Namespace) -> list[str]:
+    """The config overrides Stage 1 runs with: ``--set``, and ``--demos`` as ``demos.limit``."""
+    return [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])]
+
+
 def check_data(args: argparse.Namespace) -> None:
     """The data the benchmark reads, loaded and checked before ``--out`` is touched (exit 2 naming the problem): the
     demonstration questions of Stage 1 (unless ``--stage1-model``) and the task's questions, enough held-out ones
     for ``--eval-limit`` (unless ``--stage1-only``)."""
-    from ziprl.retrieval.datasets import load_dataset
+    from ziprl.env.demos import demo_examples
 
     try:
         if args.stage1_model is None:
-            cfg = load_config(args.config, [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])])
-            for name in cfg.demos.datasets:
-                load_dataset(name, cfg.data.shared_dir, max_question_chars=cfg.data.max_question_chars)
+            demo_examples(load_config(args.config, stage1_sets(args)))
         held_out = [] if args.stage1_only else task_questions(args.task)[1]
     except (UserError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
@@ -718,8 +720,7 @@ def main() -> None:
 def run(args: argparse.Namespace, out: Path) -> None:
     """Stage 1, the RL runs and their evaluations in ``out``, then the results files."""
     t0, config, seeds = time.perf_counter(), args.config, args.seeds
-    demos = [*args.set, *([] if args.demos is None else [f"demos.limit={args.demos}"])]
-    model = Path(args.stage1_model) if args.stage1_model else stage1(config, demos)
+    model = Path(args.stage1_model) if args.stage1_model else stage1(config, stage1_sets(args))
     log(f"Stage-1 model: {model}")
     if args.stage1_only:
         return
@@ -757,7 +758,7 @@ def run(args: argparse.Namespace, out: Path) -> None:
             "updates": {n: len(r) for n, r in runs.items()}, "zero_variance_groups_trained": {
                 n: sum(m.get("rollout/zero_variance_groups_trained", 0) for m in r) for n, r in runs.items()},
             "workers": args.workers,
-            "settings": load_config(config, demos).to_dict(), "seconds": time.perf_counter() - t0}
+            "settings": load_config(config, stage1_sets(args)).to_dict(), "seconds": time.perf_counter() - t0}
     meta["stage1_weights_sha256"] = evals["stage1"]["settings"]["weights_sha256"]
     for extra, key in (("demos_counts.json", "demos"), ("sft_seconds.json", "stage1_sft")):
         if (model.parent / extra).is_file():

@@ -51,15 +51,18 @@ PARTS = {  # table column: metrics.jsonl key
 }
 
 
+def variant_overrides(variant: str, args: argparse.Namespace) -> list[str]:
+    """The config overrides of one variant's run (its model and output directory aside)."""
+    return [*VARIANTS[variant], f"learner.steps={args.steps}", "data.dataset=sample", "ray.max_staleness=0",
+            f"run.checkpoint_every={args.steps + 1}"]
+
+
 def profile(variant: str, args: argparse.Namespace, out: Path) -> dict:
     """Run the steps of one variant; the mean of every part over the steps after the first."""
     from ziprl.loop.in_process import train
 
     model = [f"run.sft_checkpoint={args.model}"] if args.model else []
-    cfg = load_config(Path(args.config), [
-        *VARIANTS[variant], *model, f"learner.steps={args.steps}", "data.dataset=sample", f"run.out_dir={out}",
-        "ray.max_staleness=0", f"run.checkpoint_every={args.steps + 1}",
-    ])
+    cfg = load_config(Path(args.config), [*variant_overrides(variant, args), *model, f"run.out_dir={out}"])
     start = time.perf_counter()
     train(cfg, progress=True)
     wall = time.perf_counter() - start
@@ -83,8 +86,7 @@ def main() -> None:
     variants = args.variants
     try:  # the config with each variant's overrides: checked before any step runs (the model when parsed)
         for name in variants:
-            load_config(Path(args.config), [*VARIANTS[name], f"learner.steps={args.steps}", "data.dataset=sample",
-                                            "ray.max_staleness=0", f"run.checkpoint_every={args.steps + 1}"])
+            load_config(Path(args.config), variant_overrides(name, args))
     except UserError as exc:
         ap.exit(2, f"error: --config: {exc}\n")
     rows = []
