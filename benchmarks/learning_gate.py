@@ -24,14 +24,13 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import at_least, listed, results_name, write_results  # noqa: E402
+from _common import at_least, listed, one_of, results_name, write_results  # noqa: E402
 
 from ziprl.config.schema import SEED_MAX  # noqa: E402
 from ziprl.testing.learning_task import (  # noqa: E402
@@ -67,33 +66,22 @@ def seeds(text: str) -> list[int]:
     return [seed(s.strip()) for s in text.split(",") if s.strip()]
 
 
-def named(known: Iterable[str]) -> Callable[[str], str]:
-    """An argparse ``type``: one of the names ``known``."""
-
-    def parse(text: str) -> str:
-        if text not in known:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not one of {', '.join(known)}")
-        return text
-
-    return parse
-
-
 def mutations(text: str) -> list[str]:
     """An argparse ``type``: ``all``, ``none`` or comma-separated names of :data:`MUTATIONS`."""
     if text in ("all", "none"):
         return list(MUTATIONS) if text == "all" else []
-    return listed(named(MUTATIONS))(text)
+    return listed(one_of(MUTATIONS))(text)
 
 
 def mutation_seeds(text: str) -> tuple[str, list[int]]:
     """An argparse ``type``: ``[CONFIG=]SEEDS``: a configuration's name ('' for every one) and at least one seed."""
     name, _, values = text.rpartition("=")
-    return (named(CONFIGS)(name) if name else ""), listed(seed)(values)
+    return (one_of(CONFIGS)(name) if name else ""), listed(seed)(values)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", type=listed(named(CONFIGS)), default=list(CONFIGS),
+    ap.add_argument("--configs", type=listed(one_of(CONFIGS)), default=list(CONFIGS),
                     help="comma-separated configurations to run, of " + ", ".join(CONFIGS))
     ap.add_argument("--seeds", type=seeds, default=[0, 1, 2, 3, 4], help="seeds of the unmutated runs ('' for none)")
     ap.add_argument("--mutations", type=mutations, default=list(MUTATIONS),

@@ -185,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gb", type=at_least(0.0, float), default=9.0,
                     help="skip settings whose weights in memory (sender + collective receivers' copies) exceed this")
     args = ap.parse_args(argv)
-    if args.bucket_mb == float("inf"):
-        ap.error("--bucket-mb inf: give a finite number of MiB")
     sizes, receivers = list(dict.fromkeys(args.sizes)), list(dict.fromkeys(args.receivers))
     plan = [(s, t, n, "bfloat16") for s in sizes for t in dict.fromkeys(args.transports) for n in receivers]
     base = min(sizes, key=n_params)

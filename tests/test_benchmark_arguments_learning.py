@@ -27,11 +27,11 @@ CASES = [  # (script, argv ({tmp}: the test's inputs, {new}: a path), what stder
     ("fuzz_env.py", ["--turns", "many"], "argument --turns: 'many' is not an integer"),
     ("learning_gate.py", ["--seeds", "a"], "argument --seeds: 'a' is not an integer"),
     ("learning_gate.py", ["--seeds", "-1"], "argument --seeds: '-1': must be at least 0"),
-    ("learning_gate.py", ["--configs", "bogus"], "argument --configs: 'bogus' is not one of bandit, bandit_bf16, search"),
+    ("learning_gate.py", ["--configs", "bogus"], "argument --configs: unknown 'bogus'; choose from bandit, bandit_bf16, search"),
     ("learning_gate.py", ["--configs", ","], "argument --configs: ',': give at least one comma-separated value"),
-    ("learning_gate.py", ["--mutations", "advantage_sign,bogus"], "argument --mutations: 'bogus' is not one of "
-                                                                   "advantage_sign,"),
-    ("learning_gate.py", ["--mutation-seeds", "bogus=1"], "argument --mutation-seeds: 'bogus' is not one of bandit"),
+    ("learning_gate.py", ["--mutations", "advantage_sign,bogus"], "argument --mutations: unknown 'bogus'; choose "
+                                                                   "from advantage_sign,"),
+    ("learning_gate.py", ["--mutation-seeds", "bogus=1"], "argument --mutation-seeds: unknown 'bogus'; choose from bandit"),
     ("learning_gate.py", ["--mutation-seeds", "search=x"], "argument --mutation-seeds: 'x' is not an integer"),
     ("learning_gate.py", ["--configs", "bandit", "--mutation-seeds", "search=1"],
      "--mutation-seeds names search, which --configs does not run; add it to --configs"),

@@ -219,7 +219,8 @@ def test_number_and_list_argument_types_exit_2_at_parse_time(common, capsys):
     ap.add_argument("--ns", type=common.listed(common.at_least(0)))
     assert vars(ap.parse_args(["--n", "3", "--x", "0.5", "--ns", "0, 2,"])) == {"n": 3, "x": 0.5, "ns": [0, 2]}
     for argv, message in ((["--n", "0"], "'0': must be at least 1"), (["--n", "x"], "'x' is not an integer"),
-                          (["--x", "nan"], "'nan': must be at least 0.0"), (["--ns", "1,a"], "'a' is not an integer"),
+                          (["--x", "nan"], "'nan': must be at least 0.0"), (["--x", "inf"], "'inf': give a finite number"),
+                          (["--ns", "1,a"], "'a' is not an integer"),
                           (["--ns", ","], "give at least one comma-separated value")):
         with pytest.raises(SystemExit) as exc:
             ap.parse_args(argv)

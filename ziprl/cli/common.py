@@ -5,6 +5,7 @@ value when it is parsed (the benchmarks' and the examples' too)."""
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -96,7 +97,7 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
 
 def at_least(low: float, kind: type = int) -> Callable[[str], float]:
     """An argparse ``type``: a ``kind`` (int or float) of at least ``low``, checked when the arguments are parsed
-    (so a bad value exits 2 before any work); nan is refused."""
+    (so a bad value exits 2 before any work); nan and infinity are refused."""
 
     def parse(text: str):
         try:
@@ -106,6 +107,8 @@ def at_least(low: float, kind: type = int) -> Callable[[str], float]:
                                              ) from None
         if not value >= low:
             raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at least {low}")
+        if value == math.inf:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give a finite number")
         return value
 
     return parse
