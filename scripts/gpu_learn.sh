@@ -74,6 +74,13 @@ if [ ${#PIECES[@]} -gt 0 ] || [ -n "$SHA" ]; then
       || die "--store $STORE holds files this script did not write (no $MARK); nothing was written or deleted: choose a new or empty directory"
     [ -z "$(find "$STORE" -type l -print -quit)" ] \
       || die "--store $STORE holds a symbolic link, which this script never writes (a copy or unpack would write through it); nothing was written: choose a new or empty directory"
+    # what a rerun replaces must be what a run writes: pieces/part-*, payload.tar (and its temporary), wheels/*.whl, and
+    # the trees data/ and site/ that the unpack and pip write
+    foreign=$(cd "$STORE" && find . -mindepth 1 ! \( -path ./.ziprl-gpu-store -o -path ./payload.tar \
+      -o -path './.payload.tar.*' -o -path ./pieces -o -path './pieces/part-*' -o -path ./wheels -o -path './wheels/*.whl' \
+      -o -path ./data -o -path './data/*' -o -path ./site -o -path './site/*' \) -print -quit)
+    [ -z "$foreign" ] \
+      || die "--store $STORE holds ${foreign#./}, which this script does not write; nothing was written or deleted: move it out, or choose a new directory"
   fi
 fi
 

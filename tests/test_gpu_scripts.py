@@ -155,6 +155,22 @@ def test_a_link_inside_the_scripts_store_is_refused_before_a_copy_writes_through
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.parametrize("entry", ["notes.txt", "pieces/notes.txt", "wheels/notes.txt"])
+def test_a_file_of_yours_in_the_scripts_store_is_refused_before_anything_is_written(tmp_path, entry):
+    """A store the script marked, holding a file it never writes: the next piece (or join) could replace it, so the
+    run is refused with the file named, and the store is unchanged."""
+    piece = tmp_path / "part-aa"
+    piece.write_bytes(b"x")
+    store = tmp_path / "store"
+    assert run(LEARN, "--piece", str(piece), "--store", str(store)).returncode == 0
+    (store / entry).parent.mkdir(exist_ok=True)
+    (store / entry).write_text("mine\n")
+    before = digests(store)
+    done = run(LEARN, "--piece", str(piece), "--store", str(store), "--sha256", hashlib.sha256(b"x").hexdigest())
+    assert done.returncode == 2 and f"holds {entry}, which this script does not write" in done.stderr, done.stderr
+    assert digests(store) == before
+
+
 def test_relative_pieces_and_store_are_the_callers(tmp_path):
     (tmp_path / "part-aa").write_bytes(b"x")
     done = run(LEARN, "--piece", "part-aa", "--store", "store", cwd=tmp_path)
