@@ -75,9 +75,9 @@ class SignalInWait(OneWorker):
         return super().wait()
 
 
-def config(tmp_path, steps=3, resume=False):
+def config(tmp_path, steps=3, resume=False, every=100):
     return load_config(None, [f"run.out_dir={tmp_path}", f"learner.steps={steps}", "learner.global_batch_questions=2",
-                              "ray.max_staleness=0", "run.checkpoint_every=100", f"run.resume={resume}"])
+                              "ray.max_staleness=0", f"run.checkpoint_every={every}", f"run.resume={resume}"])
 
 
 def run(tmp_path, learner, source=None, push=None, **kw):
@@ -134,6 +134,20 @@ def test_a_sigint_while_waiting_for_rollouts_stops_at_once_and_the_resumed_run_r
     expected = straight(tmp_path)
     assert [sorted(position["pending"][0]["ids"])] == expected[1:2]  # the job in flight, re-run first on resume
     assert learner.questions + resumed(tmp_path, learner) == expected
+
+
+def test_a_stop_after_a_checkpointed_step_does_not_write_that_step_again(tmp_path, capsys):
+    """With a checkpoint every step, a SIGTERM while waiting for step 2's rollouts ends the run on step 1's
+    checkpoint (waiting for its write), not a second checkpoint of step 1; the resumed run loses and repeats
+    nothing."""
+    push = RecordingPush()
+    learner = CheckpointingLearner()
+    with pytest.raises(Stop) as stopped:
+        run(tmp_path, learner, SignalInWait(push, signal.SIGTERM, at_step=2), push, every=1)
+    assert stopped.value.exit_code == 143 and stopped.value.checkpoint
+    assert [v for v, _ in learner.saved] == [1] and learner.finished == 1
+    assert "stopped at step 1: checkpoint step_1" in capsys.readouterr().out
+    assert learner.questions + resumed(tmp_path, learner) == straight(tmp_path)
 
 
 def test_a_second_signal_stops_at_once_without_the_checkpoint(tmp_path, capsys):

@@ -87,6 +87,9 @@ class RayLearner:
     def save_checkpoint(self, out_dir: Path, position: dict[str, Any], background: bool = False) -> str:
         return self.group.call("save_checkpoint", str(out_dir), position, background)
 
+    def finish_writes(self) -> None:
+        self.group.call("finish_writes")
+
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
         position = self.group.call("load_latest", str(out_dir))
         self._version = self.group.call("version")

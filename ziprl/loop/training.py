@@ -6,8 +6,11 @@ learner ranks) they plug in. Each step: the scheduler hands over ``learner.globa
 the staleness-aware capacity rule, oldest version first), the trajectories are written to
 ``<out>/trajectories/step_<n>.parquet``, the learner takes one optimiser step, the new weights are pushed to
 every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_every`` steps a checkpoint stores
-the weights, optimiser and the data position (question stream + the jobs not yet trained). SIGINT and SIGTERM
-stop the loop with such a checkpoint where it is exact (:mod:`ziprl.loop.stop`).
+the weights, optimiser and the data position (question stream + the jobs not yet trained). A step's metrics row is
+logged before its checkpoint is written, so no checkpoint holds a step whose row is missing (a resume from an older
+checkpoint re-logs the later rows); ``perf/save_seconds`` is therefore the checkpoint written after the previous
+step, and ``perf/step_seconds`` the time from one row to the next. SIGINT and SIGTERM stop the loop with such a
+checkpoint where it is exact (:mod:`ziprl.loop.stop`); a step checkpointed already is not written again.
 
 With ``rollout.dynamic_sampling`` (DAPO's dynamic sampling, verl's ``filter_groups``) the scheduler keeps only
 groups whose ``rollout.dynamic_sampling_metric`` varies across their G trajectories (``advantage``: groups in which
@@ -60,6 +63,10 @@ class Learner(Protocol):
         for it), else it is whole on return."""
         ...
 
+    def finish_writes(self) -> None:
+        """Wait until a background checkpoint write is whole (raising its error)."""
+        ...
+
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None: ...
 
 
@@ -86,6 +93,9 @@ class LocalLearner:
         # in this process a write thread would take the cores generation and the step use: written at once
         with CAPTURE_LOCK:
             return str(save_checkpoint(self.trainer, out_dir, position))
+
+    def finish_writes(self) -> None:
+        """Nothing to wait for: this learner's checkpoints are whole on return."""
 
     def load_latest(self, out_dir: Path) -> dict[str, Any] | None:
         from ziprl.learner.checkpoint import latest_checkpoint, load_checkpoint
@@ -140,12 +150,17 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
             sched.restore(position)
             print(f"[train] resumed from {out / 'checkpoints'} at step {version}", flush=True)
         bar = tqdm(total=cfg.learner.steps, initial=version, desc="train", unit="step", disable=not progress)
+        # the step the newest checkpoint holds, and its path: a stop after it does not write that step again
+        saved = {"version": version if position is not None else None, "path": str(out / "checkpoints")}
         try:
-            metrics = _steps(cfg, learner, push, sched, logger, bar, out, stop)
+            metrics = _steps(cfg, learner, push, sched, logger, bar, out, stop, saved)
         except Stop as exc:
             if exc.checkpoint:
-                print(f"\n[train] stopped at step {learner.version}: checkpoint "
-                      f"{learner.save_checkpoint(out, sched.position)}", flush=True)
+                if saved["version"] == learner.version:
+                    learner.finish_writes()
+                else:
+                    saved["path"] = learner.save_checkpoint(out, sched.position)
+                print(f"\n[train] stopped at step {learner.version}: checkpoint {saved['path']}", flush=True)
             else:
                 print(f"\n[train] stopped without a checkpoint of this step; --resume continues from the last one in "
                       f"{out / 'checkpoints'}", flush=True)
@@ -156,9 +171,9 @@ def train_loop(cfg: ZipRLConfig, learner: Learner, source: RolloutSource, push: 
 
 
 def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: RolloutScheduler, logger: Any,
-           bar: tqdm, out: Path, stop: StopSignals) -> dict[str, float]:
+           bar: tqdm, out: Path, stop: StopSignals, saved: dict[str, Any]) -> dict[str, float]:
     metrics: dict[str, float] = {}
-    version, t_step = learner.version, time.perf_counter()
+    version, t_step, save_seconds = learner.version, time.perf_counter(), 0.0
     while version < cfg.learner.steps:
         groups = sched.next_batch()
         lags = sched.lags(groups)
@@ -175,17 +190,20 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: Rollou
         dropped = sched.take_zero_variance()
         if dropped:
             save_groups(dropped, out / "trajectories" / "dropped" / f"step_{version:06d}.parquet")
-        if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
-            # written beside the next step; the run's last checkpoint is whole before the loop returns
-            learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
-        timings = {"train": t1 - t0, "push": t2 - t1 - waited, "save": time.perf_counter() - t2}
+        timings = {"train": t1 - t0, "push": t2 - t1 - waited, "save": save_seconds}
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()
         metrics = step_metrics(groups, learn, system, lags, cfg.ray.max_staleness, timings, pushed)
         if cfg.rollout.dynamic_sampling:
             metrics.update(_sampling_metrics(sched.sampling, cfg, version))
-        logger.log(version, metrics)
+        logger.log(version, metrics)  # before the checkpoint: a kill between the two loses no row
+        save_seconds = 0.0
+        if version % cfg.run.checkpoint_every == 0 or version == cfg.learner.steps:
+            # written beside the next step; the run's last checkpoint is whole before the loop returns
+            t3 = time.perf_counter()
+            saved["path"] = learner.save_checkpoint(out, sched.position, background=version < cfg.learner.steps)
+            saved["version"], save_seconds = version, time.perf_counter() - t3
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['rollout/reward']:.2f}", q_com=f"{metrics['rollout/q_com']:.2f}",
                         loss=f"{learn.get('loss', float('nan')):.4f}", buffered=int(system["groups_buffered"]))

@@ -139,5 +139,8 @@ class CountingLearner:
         self.saves = [*getattr(self, "saves", []), background]
         return str(out_dir)
 
+    def finish_writes(self):
+        self.finished = getattr(self, "finished", 0) + 1
+
     def load_latest(self, out_dir: Path):
         return None
