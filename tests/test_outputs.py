@@ -27,6 +27,7 @@ from ziprl.outputs import (
     plan_dir,
     read_marker,
     refuse_inputs_inside,
+    sweep_leftovers,
 )
 from ziprl.retrieval.index_build import adopt_index, build_index
 from ziprl.retrieval.index_files import RetrieverError
@@ -97,6 +98,59 @@ def test_a_second_process_is_refused_with_the_holders_pid(work, capsys, no_model
         assert sorted(os.listdir(work / "run")) == [LOCK]  # the second one wrote nothing
     with locked(work / "run"):  # released when the holder ended
         pass
+
+
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_a_used_directory_in_use_is_named_in_use_before_resume_or_overwrite_is_advised(work, capsys, no_models,
+                                                                                      lock_holder, flag):
+    """A run under way: a second train is told the holder's pid, not to pass --resume or --overwrite."""
+    prepare_run_dir(work / "run", resume=False, overwrite=False)
+    (work / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with lock_holder(work / "run") as pid:
+        before = digests(work)
+        assert train.main(["--out", "run", *flag]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by process {pid}" in err and "pass --" not in err
+        assert digests(work) == before
+    with pytest.raises(OutputError, match="has no checkpoint"):  # the holder gone, the usual advice
+        plan_run_dir(work / "run", resume=True, overwrite=False)
+
+
+def test_a_marker_write_cut_short_leaves_a_directory_a_plain_rerun_takes(work, no_models):
+    """Killed while its marker was written, a new run left only its lock and the marker's temporary: the rerun
+    takes the directory as new and removes that temporary; a user's file of a similar name is content."""
+    run = work / "run"
+    with locked(run):
+        pass
+    (run / f".{MARKER}.0123abcd.tmp").write_text('{"format"')
+    plan = plan_run_dir(run, resume=False, overwrite=False)
+    assert plan.delete == ()
+    with claim_run_dir(plan):
+        pass
+    assert sorted(os.listdir(run)) == sorted([MARKER, LOCK])
+    (work / "b").mkdir()
+    (work / "b" / f".{MARKER}.backup.tmp").write_text("mine\n")
+    with pytest.raises(OutputError, match="is not empty"):
+        plan_run_dir(work / "b", resume=False, overwrite=False)
+
+
+def test_leftovers_of_killed_writes_of_the_outputs_entries_are_swept_and_nothing_else(work):
+    owns = entries(r"model(?:/[^/]+)?", r"trajectories(?:/step_\d{6}\.parquet)?")
+    out = work / "o"
+    (out / "trajectories").mkdir(parents=True)
+    (out / ".model.ab_c1234").mkdir()  # atomic_dir's temporary, with a file
+    (out / ".model.ab_c1234" / "config.json").write_text("{}")
+    (out / ".model.old-0123abcd").mkdir()  # replace_dir's old copy
+    (out / "trajectories" / ".step_000002.parquet.0123abcd.tmp").write_bytes(b"PAR")
+    kept = {".notes.txt.0123abcd.tmp": "not an entry of the output", ".model.ab_c5678": "a file, not a temp directory",
+            "trajectories/.step_000003.parquet.backup.tmp": "not a temporary's name"}
+    for rel in kept:
+        (out / rel).write_text("mine\n")
+    (out / ".model.linked12").symlink_to(work)
+    removed = sweep_leftovers(out, owns)
+    assert sorted(removed) == [".model.ab_c1234", ".model.old-0123abcd", "trajectories/.step_000002.parquet.0123abcd.tmp"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
+        [*kept, ".model.linked12", "trajectories"])
 
 
 def test_a_library_build_waits_for_the_one_under_way_and_reuses_it(work, lock_holder, waiting_for):

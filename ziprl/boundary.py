@@ -38,7 +38,8 @@ OS_CONDITIONS = {  # errno of a condition of the machine, not of the program: th
     errno.ENOSPC: "free some disk space or choose a location on another disk",
     errno.EDQUOT: "free some space within your disk quota or choose a location on another disk",
     errno.EROFS: "the file system is read-only: choose a writable location",
-    errno.EFBIG: "the file is too large for its file system: choose a location on another one",
+    errno.EFBIG: "the file is larger than its file system or this process's file-size limit (ulimit -f) allows: "
+                 "raise the limit or choose a location on another file system",
     errno.ENAMETOOLONG: "shorten the path",
     errno.ELOOP: "a symbolic link in the path loops or is one that is not followed; check the path",
 }

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ziprl.boundary import UserError, printable
-from ziprl.paths import atomic_write_json
+from ziprl.paths import LEFTOVER, atomic_write_json
 
 MARKER, LOCK = ".ziprl-run", ".ziprl-lock"
 MARKER_FORMAT = 1
@@ -215,8 +215,38 @@ def refuse_links(out: Path, names: Iterable[str] | None = None, flag: str = "") 
 
 
 def used(out: Path) -> bool:
-    """Whether the directory ``out`` holds anything besides the marker and a lock (:func:`is_lock`)."""
-    return any(p.name != MARKER and not (p.name == LOCK and is_lock(p)) for p in out.iterdir())
+    """Whether the directory ``out`` holds anything besides the marker, a lock (:func:`is_lock`) and what a killed
+    write of the marker left (:func:`sweep_leftovers` removes it)."""
+    return any(p.name != MARKER and not (p.name == LOCK and is_lock(p)) and not _marker_leftover(p)
+               for p in out.iterdir())
+
+
+def _marker_leftover(path: Path) -> bool:
+    found = LEFTOVER.fullmatch(path.name)
+    return found is not None and found[1] == MARKER and path.is_file() and not path.is_symlink()
+
+
+def sweep_leftovers(out: Path, owns: Callable[[str], bool]) -> list[str]:
+    """Remove, from the whole tree of the output ``out``, the temporaries that killed atomic writes left of entries
+    ``owns`` claims (:data:`ziprl.paths.LEFTOVER`: a file ``.<entry>.<8 hex>.tmp``, a directory
+    ``.<entry>.<8 characters>`` or ``.<entry>.old-<8 hex>``); never follows a link. Call it only
+    while holding ``out``'s lock (no write of this output is running); returns the relative paths removed."""
+    removed = []
+    for parent, dirs, files in os.walk(out):
+        rel = os.path.relpath(parent, out).replace(os.sep, "/")
+        rel = "" if rel == "." else f"{rel}/"
+        for name in [*dirs, *files]:
+            found, path = LEFTOVER.fullmatch(name), os.path.join(parent, name)
+            if found is None or os.path.islink(path) or os.path.isdir(path) == name.endswith(".tmp") \
+                    or not owns(rel + found[1]):  # a .tmp is a file, the others directories
+                continue
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+            removed.append(rel + name)
+        dirs[:] = [d for d in dirs if f"{rel}{d}" not in removed and owns(rel + d)]
+    if removed:
+        print(f"[outputs] removed {len(removed)} leftover(s) of interrupted writes in {out} "
+              f"({shown(removed)})", file=sys.stderr, flush=True)
+    return removed
 
 
 def is_lock(path: Path) -> bool:
@@ -297,6 +327,7 @@ def plan_dir(out_dir: str | Path, kind: str, overwrite: bool, owns: Callable[[st
     if resume and overwrite:
         raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or replace)")
     out, in_use = checked_dir(out_dir, kind)
+    refuse_held(out)
     if resume:
         if not in_use:
             raise OutputError(f"--resume: {out} holds nothing to continue; drop --resume")
@@ -364,6 +395,26 @@ def locked(out: Path, wait: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
+def refuse_held(out: Path) -> None:
+    """OutputError naming the process when another one holds the lock of the directory ``out`` (:func:`locked`):
+    said before what ``--resume`` or ``--overwrite`` would do there. Touches nothing; a missing lock is not
+    created."""
+    try:
+        fd = os.open(out / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # none, or not a lock file (locked() names that)
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or _holder(fd) == f"process {os.getpid()}":
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(f"{out} is in use by {_holder(fd)} (it holds {out / LOCK}); wait until it ends, or "
+                              "choose another --out") from None
+    finally:
+        os.close(fd)
+
+
 def _holder(fd: int) -> str:
     """The process that holds a lock, as its lock file says."""
     text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
@@ -377,6 +428,8 @@ def claim_dir(plan: OutputPlan, command: str | None = None) -> Iterator[Path]:
     with locked(plan.out):
         fresh = plan_dir(plan.out, plan.kind, plan.overwrite, plan.owns, resume=plan.resume)
         delete(fresh.delete)
+        if fresh.out.is_dir():
+            sweep_leftovers(fresh.out, fresh.owns)
         if not fresh.resume:  # a continued output keeps the marker of the command that began it
             write_marker(fresh.out, fresh.kind, command)
         yield fresh.out

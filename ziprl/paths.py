@@ -7,6 +7,7 @@
 - :func:`atomic_path` and its text / bytes / JSON variants: write beside the destination, fsync, rename onto it;
   the destination holds the old content or the new one, never a mix, and a failed write leaves no temp file.
 - :func:`atomic_dir` and :func:`replace_dir`: the same for whole directories (checkpoints, models, indexes).
+  :data:`LEFTOVER` matches the names of the temporaries these writes leave when the process is killed.
 - :func:`file_sha256`: a file's sha256, read in chunks and memoised while its size and mtime stay the same;
   :func:`hash_file_into` feeds a file's bytes, in the same chunks, to a hash that covers more than one file.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -27,6 +29,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+# the temporary an atomic write of NAME leaves when killed: ``.NAME.<8 hex>.tmp`` (atomic_path), ``.NAME.<8 of
+# [a-z0-9_]>`` (atomic_dir's mkdtemp) or ``.NAME.old-<8 hex>`` (replace_dir's old copy); group 1 is NAME
+LEFTOVER = re.compile(r"\.(.+)\.(?:[0-9a-f]{8}\.tmp|old-[0-9a-f]{8}|[a-z0-9_]{8})")
 CACHE_ENV = "ZIPRL_CACHE"
 DEPRECATED_CACHE_ENV = "ZIPRL_CACHE_DIR"
 DEFAULT_CACHE = "~/.cache/ziprl"

@@ -46,7 +46,9 @@ from ziprl.outputs import (
     locked,
     plan_dir,
     read_marker,
+    refuse_held,
     refuse_links,
+    sweep_leftovers,
     write_marker,
 )
 from ziprl.paths import atomic_write_text
@@ -127,6 +129,7 @@ def plan_run_dir(out_dir: str | Path, resume: bool, overwrite: bool, kind: str =
         raise OutputError("--resume and --overwrite contradict each other: pass one (continue, or replace the run)")
     if resume:
         out, used = checked_dir(out_dir, kind)
+        refuse_held(out)
         return RunDirPlan(out, resume_from=_plan_resume(out, used, steps), kind=kind, owns=owns)
     plan = plan_dir(out_dir, kind, overwrite, owns,
                     fix="pass --resume to continue that run, --overwrite to replace it, or choose another --out")
@@ -144,6 +147,8 @@ def apply_run_dir(plan: RunDirPlan, command: str | None = None) -> Path | None:
     delete(plan.delete)
     if plan.resume_from is not None:
         clean_orphans(plan.out)
+    if plan.out.is_dir():
+        sweep_leftovers(plan.out, plan.owns)
     plan.out.mkdir(parents=True, exist_ok=True)
     if plan.resume_from is None or read_marker(plan.out) is None:  # a resumed run keeps its marker
         write_marker(plan.out, plan.kind, command)

@@ -217,3 +217,23 @@ def test_a_checkpoint_of_other_shapes_is_refused_before_anything_is_loaded(tiny_
     with pytest.raises(CheckpointError, match=rf"its shapes differ \({name} .*resume with the model the run started"):
         load_checkpoint(run, tmp_path)
     assert all(torch.equal(p, before[n]) for n, p in run.engine.module.named_parameters())
+
+
+def test_a_prune_cut_short_leaves_an_orphan_that_the_next_resume_removes(tmp_path, monkeypatch):
+    """A checkpoint is renamed to an orphan's name before it is deleted: killed half way through the delete (here:
+    the delete never runs), what is left is removed by clean_orphans instead of staying for good."""
+    from ziprl.learner import checkpoint as ck
+
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        (root / f"step_{step}-0a1b2c3d").mkdir(parents=True)
+        for name in ck.FILES:
+            (root / f"step_{step}-0a1b2c3d" / name).write_text("{}")
+    (root / ck.LATEST).write_text("step_2-0a1b2c3d\n")
+    monkeypatch.setattr(ck.shutil, "rmtree", lambda *a, **k: None)  # killed before the delete
+    ck.prune(root, keep=1)
+    left = sorted(p.name for p in root.iterdir())
+    assert left[0].startswith(".step_1-0a1b2c3d.old-") and left[1:] == [ck.LATEST, "step_2-0a1b2c3d"]
+    monkeypatch.undo()
+    assert [p.name for p in ck.clean_orphans(tmp_path)] == [left[0]]
+    assert sorted(p.name for p in root.iterdir()) == [ck.LATEST, "step_2-0a1b2c3d"]

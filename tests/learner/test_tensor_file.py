@@ -94,8 +94,9 @@ def _refuse():
 
 def test_other_write_errors_are_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "write", lambda fd, b: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match="No space") as raised:
         write_tensors({"w": torch.randn(10)}, tmp_path / "t.safetensors")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "t.safetensors")
     with pytest.raises(FileNotFoundError):
         write_tensors({"w": torch.randn(10)}, tmp_path / "missing" / "t.safetensors")
 

@@ -166,7 +166,9 @@ def prune(root: Path, keep: int) -> None:
     found.sort(key=lambda p: ((p / "state.json").stat().st_mtime_ns, int(_NAME_RE.match(p.name)[1])))
     for old in found[: max(len(found) - keep, 0)]:
         if old.name != current and not old.is_symlink() and _ours(old):
-            shutil.rmtree(old, ignore_errors=True)
+            # renamed first: a delete a kill cuts short leaves an orphan that clean_orphans removes on resume
+            doomed = old.rename(old.with_name(f".{old.name}.old-{uuid.uuid4().hex[:8]}"))
+            shutil.rmtree(doomed, ignore_errors=True)
 
 
 def remove_checkpoints(out_dir: str | Path) -> None:

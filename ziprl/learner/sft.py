@@ -29,7 +29,7 @@ from ziprl.config import ZipRLConfig
 from ziprl.env.chat import chat_ids, text_ids
 from ziprl.env.demos import is_partial_file
 from ziprl.learner.run_files import CHECKPOINT_ENTRIES, TB_ENTRIES
-from ziprl.outputs import entries, own_dir
+from ziprl.outputs import entries, own_dir, sweep_leftovers
 from ziprl.paths import cache_root, file_sha256, hash_file_into, not_a_file
 
 if TYPE_CHECKING:
@@ -196,6 +196,8 @@ def run_sft(cfg: ZipRLConfig, demos_path: str | Path, out_dir: str | Path, train
         model_path = resolve_model_path(cfg.model) if trainer is None else trainer.model_path
         rows = fitting_rows(cfg, read_demos(demos_path), model_path, demos_path)
     out_dir = own_dir(out_dir, "sft", SFT_WRITES, mark=rank() == 0)  # nothing written over what is not SFT's
+    if rank() == 0:  # the caller holds out_dir's lock: a model or checkpoint write a kill left is removed
+        sweep_leftovers(out_dir, is_sft_entry)
     rng = np.random.default_rng(cfg.learner.seed)
     lengths = [len(r.input_ids) for r in rows]
     steps = [s for _ in range(cfg.sft.epochs) for s in length_grouped_steps(lengths, cfg.sft.micro_batch, rng)]

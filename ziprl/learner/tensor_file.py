@@ -44,7 +44,17 @@ def header(tensors: Mapping[str, torch.Tensor]) -> bytes:
 
 
 def write_tensors(tensors: Mapping[str, torch.Tensor], path: str | Path, staging: int = STAGING) -> None:
-    """Write CPU ``tensors`` to the safetensors file ``path`` with direct I/O, else with safetensors' writer."""
+    """Write CPU ``tensors`` to the safetensors file ``path`` with direct I/O, else with safetensors' writer; an
+    OSError (a full disk) names ``path``."""
+    try:
+        _write_tensors(tensors, path, staging)
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+
+
+def _write_tensors(tensors: Mapping[str, torch.Tensor], path: str | Path, staging: int) -> None:
     for name in tensors:  # checked before the file is created
         try:
             name.encode("utf-8")
