@@ -8,15 +8,23 @@ As in the paper, only correct, well-formed trajectories are kept; the file holds
 A run stopped by SIGINT or SIGTERM (at the end of the episode under way), or killed, keeps its progress in
 ``<out>.partial`` (written every ``demos.checkpoint_every`` episodes and on a stop); the same build continues from
 it, checked field by field against its settings and questions, and deletes it once ``<out>`` is written.
+
+The command holds :func:`hold` (an ``fcntl.flock`` on ``.<name>.ziprl-lock`` beside ``<out>``) for its whole life,
+so a second one on the same ``<out>`` is refused, and removes the temporary files a killed run's atomic writes left
+(:func:`remove_temps`). :func:`build_demos` never replaces an ``<out>`` that changed while it played.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import re
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +36,7 @@ from ziprl.boundary import UserError
 from ziprl.config import RetrieverConfig, ZipRLConfig, differences
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.outputs import check_file
+from ziprl.outputs import LOCK, OutputError, check_file
 from ziprl.paths import atomic_path
 from ziprl.retrieval.datasets import DatasetError, corpus_source, load_dataset, retriever_config_for
 from ziprl.retrieval.types import QAExample, RetrieverLike
@@ -147,6 +155,106 @@ def partial_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
+def lock_path(out: str | Path) -> Path:
+    """The lock file of a command writing ``out`` (:func:`hold`): ``.<name>.ziprl-lock`` beside it."""
+    out = Path(out)
+    return out.with_name(f".{out.name}{LOCK}")
+
+
+@contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Hold the lock of the output ``out`` (its folder created when missing) while the block runs, then remove the
+    lock file; OutputError, nothing touched, when another process holds it or the name is a file ZipRL did not write."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = lock_path(out)
+    while True:  # a lock file its holder removed as it ended is opened again: the next holder's is a new one
+        fd = _open_lock(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise OutputError(f"{out} is in use by {f'process {holder}' if holder.isdigit() else 'another process'} "
+                              f"(it holds {path}); wait until it ends, or choose another --out") from None
+        if _is_open_at(fd, path):
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        if _is_open_at(fd, path):  # removed while still locked, so no other process takes it in between
+            path.unlink()
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened (created when missing); OutputError, the file kept, unless it is a lock :func:`hold` wrote: a
+    plain file with one name, empty or holding a process id."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a symbolic link (ELOOP), a directory (EISDIR), a name too long
+        raise OutputError(f"{path} is not a lock file ZipRL can use ({exc.strerror}); remove it yourself, or choose "
+                          "another --out") from None
+    st = os.fstat(fd)
+    text = os.pread(fd, 33, 0).strip() if stat.S_ISREG(st.st_mode) else b"x"
+    if st.st_nlink > 1 or len(text) > 32 or not (text.isdigit() or not text):
+        os.close(fd)
+        raise OutputError(f"{path} is not a lock file ZipRL wrote; nothing was written: remove it yourself, or choose "
+                          "another --out")
+    return fd
+
+
+def _is_open_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the one named ``path``."""
+    try:
+        st, named = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
+
+
+def temp_names(out: str | Path) -> re.Pattern[str]:
+    """The names :func:`ziprl.paths.atomic_path` gives the temporary files of ``out`` and of its progress file:
+    ``.<name>.<8 hex digits>.tmp``."""
+    names = "|".join(re.escape(p.name) for p in (Path(out), partial_path(out)))
+    return re.compile(rf"\.(?:{names})\.[0-9a-f]{{8}}\.tmp")
+
+
+def remove_temps(out: Path) -> list[Path]:
+    """Remove, and return, the temporary files a killed run writing ``out`` left beside it (:func:`temp_names`: plain
+    files with one name, empty or begun as Parquet); call it holding :func:`hold`, as no write is under way then."""
+    pattern, found = temp_names(out), []
+    for entry in sorted(os.scandir(out.parent), key=lambda e: e.name) if out.parent.is_dir() else ():
+        if pattern.fullmatch(entry.name) and _is_torn_parquet(Path(entry.path)):
+            os.unlink(entry.path)
+            found.append(Path(entry.path))
+    return found
+
+
+def _is_torn_parquet(path: Path) -> bool:
+    """Whether ``path`` is what a Parquet write leaves when killed: a plain file with one name, empty or starting
+    with the Parquet magic."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        with open(path, "rb") as f:
+            return f.read(4) in (b"", b"PAR1")
+    except OSError:
+        return False
+
+
+def stamp(path: Path) -> tuple[int, ...] | None:
+    """What ``path`` is now (device, inode, size, modification time), None when missing: compared, not read."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def demo_settings(cfg: ZipRLConfig, examples: list[QAExample]) -> dict:
     """What the transitions are made from: the env and retriever settings, the QA sets, and the questions (their
     number and a sha256 of their content), compared field by field when a stopped run is continued."""
@@ -246,13 +354,25 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
     examples = demo_examples(cfg) if examples is None else examples
     retriever_cfg = demo_retriever_config(cfg) if retriever is None else None
     settings, partial = demo_settings(cfg, examples), partial_path(cfg.demos.out)
+    # what this run may replace: the demos file and the progress file as they are now, and what it saves itself
+    before, seen = stamp(Path(cfg.demos.out)), stamp(partial)
     state = resumed(partial, settings, resume)
     if retriever is None:
         retriever = Retriever.from_config(retriever_cfg)
-    rows, counts = synthesize(cfg, examples, retriever, progress, state, stop,
-                              save=lambda s: write_partial(s, partial, settings))
+
+    def save(s: DemoProgress) -> None:
+        nonlocal seen
+        write_partial(s, partial, settings)
+        seen = stamp(partial)
+
+    rows, counts = synthesize(cfg, examples, retriever, progress, state, stop, save=save)
+    if stamp(Path(cfg.demos.out)) != before:
+        save(DemoProgress(len(examples), rows, counts))
+        raise OutputError(f"{cfg.demos.out} was written by another process while this run played; it is kept as it "
+                          f"is, and this run's demos are in {partial}: move {cfg.demos.out} away and pass --resume "
+                          "to write them")
     counts["transitions"] = len(rows)
     path = write_demos(rows, cfg.demos.out)
-    if is_partial_file(partial):
-        partial.unlink()  # this run's progress: the demos it led to are written
+    if stamp(partial) == seen and is_partial_file(partial):
+        partial.unlink()  # this run's progress, or the one it replaces: the demos it led to are written
     return path, counts
