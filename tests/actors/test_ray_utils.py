@@ -112,3 +112,43 @@ def test_the_signal_handlers_ray_installs_are_gone_once_its_cluster_is():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _listening(pids: set[int]) -> set[tuple[str, str, int]]:
+    """(process name, address, port) of every TCP socket the processes ``pids`` listen on."""
+    found = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            found |= {(proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return addr.is_loopback or getattr(addr, "ipv4_mapped", None) is not None and addr.ipv4_mapped.is_loopback
+
+
+@pytest.mark.ray_cluster
+def test_a_local_cluster_listens_on_loopback_only():
+    """Every process of the cluster ``launch`` starts (GCS, raylet, agents, metrics exporters, workers, this driver)
+    binds 127.0.0.1, none 0.0.0.0, ``::`` or the machine's IP (docs/security.md)."""
+    from ziprl.config import RayConfig
+
+    before = _listening({psutil.Process().pid})
+    ray_utils.init_ray(RayConfig(), num_cpus=1)
+    try:
+        worker_ip = ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote())  # a worker runs too
+        procs = {p.pid for p in psutil.Process().children(recursive=True)} | {psutil.Process().pid}
+        sockets = _listening(procs) - before
+        assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sockets
+        assert [s for s in sockets if not _loopback(s[1])] == []
+        assert worker_ip == "127.0.0.1"
+    finally:
+        stop_ray()
+    assert ray_utils.ray_constants.ENABLE_RAY_CLUSTER  # put back: a cluster joined later is found as usual

@@ -42,6 +42,7 @@ def test_binding_beyond_loopback_requires_a_token(monkeypatch):
 @pytest.mark.slow
 def test_a_local_cluster_refuses_clients_without_its_token():
     import ray
+    from ray._private.ray_constants import ENABLE_RAY_CLUSTERS_ENV_VAR
 
     from ziprl.actors.ray_utils import init_ray, stop_ray, token_auth_enabled
     from ziprl.config import RayConfig
@@ -52,7 +53,9 @@ def test_a_local_cluster_refuses_clients_without_its_token():
         assert token_auth_enabled()
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
         address = ray.get_runtime_context().gcs_address
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        # the cluster listens on 127.0.0.1 only, an address Ray's client turns into this machine's external IP unless
+        # its multi-node mode is off (docs/security.md)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}
         code = f"import ray; ray.init(address={address!r}); print(ray.get(ray.remote(lambda: 1).remote()))"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                               env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-cluster-token" * 2})

@@ -124,14 +124,16 @@ def launch(cfg: ZipRLConfig, progress: bool = True) -> dict[str, float]:
 
 
 def run_on_ray(cfg: ZipRLConfig, progress: bool) -> dict[str, float]:
-    """:func:`launch`'s work: Ray up, Stage 1 and Stage 2, Ray down (a joined cluster: disconnected)."""
+    """:func:`launch`'s work: Ray up, Stage 1 and Stage 2, Ray down (a joined cluster: disconnected). ``config.json``
+    is written only once Ray is up: a launch that found no cluster, or was stopped while Ray started, leaves its run
+    directory unused (a plain rerun starts it)."""
     examples = load_questions(cfg.data)
     out = Path(cfg.run.out_dir)
-    write_config(out, cfg.to_dict())
     init_ray(cfg.ray)
-    logger = MetricsLogger(out)
-    source = push = None
+    logger = source = push = None
     try:
+        write_config(out, cfg.to_dict())
+        logger = MetricsLogger(out)
         check_resources(cfg)
         # the retriever deploys beside Stage 1 (which leaves it its CPUs); leaving the block waits for it, as above
         with ThreadPoolExecutor(1) as pool:
@@ -163,7 +165,8 @@ def run_on_ray(cfg: ZipRLConfig, progress: bool) -> dict[str, float]:
         learner = RayLearner(group, idle_threads)
         return train_loop(cfg, learner, source, push, QuestionStream(examples, cfg.data.seed), logger, progress)
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
         if push is not None:
             push.close()
         if source is not None:

@@ -12,14 +12,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 
-from ziprl.config import RayConfig
+from ziprl.config import ConfigError, RayConfig
 
 # Every worker: HF tokenizers must not fork thread pools inside Ray's forked workers.
 DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false"}
 # Ray's errors when a new node did not come up in time: its raylet never registered, or its GCS server never wrote
 # its port file (30 s by default)
 STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+NO_CLUSTER = "Could not find any running Ray instance"  # Ray's ConnectionError for an address "auto" that finds none
 log = logging.getLogger(__name__)
 
 
@@ -35,8 +37,9 @@ def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str,
     for fractional CPUs such as ``rollout_actor_cpus=0.5``); ``"auto"`` or ``"ray://host:10001"``
     joins a running cluster (e.g. one started with ``ray up cluster/a100x8.yaml``), where ZipRL is
     already installed on every node. ``runtime_env`` env_vars are merged over :data:`DEFAULT_ENV_VARS`.
-    A local cluster uses Ray's token authentication (Ray 2.60's default; ``cfg.auth_token=False`` opts out); a
-    joined cluster without it gets a warning.
+    A local cluster uses Ray's token authentication (Ray 2.60's default; ``cfg.auth_token=False`` opts out) and
+    listens on 127.0.0.1 only (:func:`start_local_ray`); a joined cluster without token authentication gets a warning.
+    No cluster at ``cfg.address`` is a ConfigError naming the fix.
     """
     if ray.is_initialized():
         return
@@ -47,23 +50,48 @@ def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str,
     if cfg.address is None:
         start_local_ray(num_cpus=num_cpus, include_dashboard=False, runtime_env=env)
     else:
-        ray.init(address=cfg.address, runtime_env=env)
+        try:
+            ray.init(address=cfg.address, runtime_env=env)
+        except ConnectionError as exc:  # Ray's "Could not find any running Ray instance" (auto), or its GCS unreachable
+            why = "" if NO_CLUSTER in str(exc) else f" ({' '.join(str(exc).split())})"
+            raise ConfigError(f"no running Ray cluster at --address {cfg.address}{why}: start one (`ray start --head`, "
+                              "`ray up cluster/a100x8.yaml`) or drop --address to start a local one") from None
     if cfg.auth_token and not token_auth_enabled():
         log.warning("this Ray cluster runs without token authentication: anyone who reaches its ports can run code "
                     "on it. Start it with RAY_AUTH_MODE=token (cluster/a100x8.yaml does); see docs/security.md")
 
 
 def start_local_ray(**kwargs: Any) -> None:
-    """``ray.init(**kwargs)`` starting a local cluster; when its raylet does not come up (once in 4 CI runs, right
-    after another cluster stopped in the same process) or its GCS server does not in time (on a busy 2-core machine),
-    stop what started and try a second time. Other errors raise."""
+    """``ray.init(**kwargs)`` starting a local cluster that listens on 127.0.0.1 only (:func:`loopback_node`); when
+    its raylet does not come up (once in 4 CI runs, right after another cluster stopped in the same process) or its
+    GCS server does not in time (on a busy 2-core machine), stop what started and try a second time. Other errors
+    raise."""
+    with loopback_node():
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            if not any(marker in str(exc) for marker in STARTUP_TIMEOUTS):
+                raise
+            stop_ray()
+            ray.init(**kwargs)
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """While the block starts a local cluster, its node's IP is 127.0.0.1, so that every process of it listens on
+    loopback only (docs/security.md): GCS, raylet, workers, this driver, dashboard agent, runtime-env agent, metrics
+    exporters.
+
+    Ray 2.60 turns a ``_node_ip_address`` of 127.0.0.1 into the machine's external IP; it keeps loopback only where
+    multi-node clusters are off (``ray_constants.ENABLE_RAY_CLUSTER``, its macOS and Windows default), and then gives
+    127.0.0.1 to every process it starts, which binds it. The switch is read when the node starts and put back on
+    exit, so a cluster joined later from this process is found as usual."""
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        if not any(marker in str(exc) for marker in STARTUP_TIMEOUTS):
-            raise
-        stop_ray()
-        ray.init(**kwargs)
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def stop_ray(local: bool = True) -> None:

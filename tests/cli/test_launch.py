@@ -1,0 +1,43 @@
+"""``python -m ziprl.launch --address auto`` with no running Ray cluster: one ``error:`` line naming the fix, exit
+code 2, and its ``--out`` left unused, so a plain rerun starts there."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from ziprl.cli.launch import main
+from ziprl.outputs import used
+
+services = pytest.importorskip("ray._private.services")
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """No Ray cluster to find, whatever else runs on this machine (Ray's own lookup for ``auto``)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "_cached_find_gcs_addresses", functools.cache(frozenset))  # no gcs_server process
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir=None: None)  # nor a `ray start` one
+
+
+def _snapshot(path) -> dict:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "empty"])
+def test_no_cluster_at_address_auto_is_one_error_line_and_leaves_out_unused(tmp_path, capsys, no_cluster, existing):
+    import ray
+
+    out = tmp_path / "run"
+    if existing:
+        out.mkdir()
+    for _ in range(2):  # the rerun meets the same directory, not a "not empty" refusal
+        code = main(["--address", "auto", "--out", str(out), "--steps", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, err
+        assert len(err) == 1 and err[0].startswith("error: no running Ray cluster at --address auto"), err
+        assert "ray start --head" in err[0] and "drop --address" in err[0], err
+        assert not ray.is_initialized()
+        assert not out.is_dir() or not used(out), _snapshot(out)
+        assert not (out / "config.json").exists()
