@@ -61,7 +61,7 @@ LAYERS: dict[str, Row] = {
     "policy/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/"}, {"ray", "deepspeed"}),
     "tb.py": row({"paths.py"}, HEAVY - {"torch"}, {"torch"}),
     "plots.py": row({"paths.py", "env/"}, HEAVY, {"matplotlib"}),
-    "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/"}, {"ray"}),
+    "learner/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/", "policy/"}, {"ray"}),
     "loop/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "weights/", "policy/", "learner/", "tb.py"}, HEAVY),
     "rundir.py": row(FOUNDATION | {"learner/"}, HEAVY),
     "evaluation/": row(FOUNDATION | {"scoring/", "retrieval/", "env/", "policy/", "plots.py"}, {"ray"}),

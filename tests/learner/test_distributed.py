@@ -53,3 +53,14 @@ def test_no_op_is_compiled_to_form_a_group(tmp_path):
     assert "shm op None" in proc.stdout
     assert "built successfully" not in proc.stdout + proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_groups_rendezvous_listens_on_its_address_only():
+    """torch's own TCPStore listens on every interface: a one-rank learner on a laptop opened a port to its network.
+    The store ZipRL starts listens on MASTER_ADDR (127.0.0.1 by default) only."""
+    code = ("import os, psutil\nfrom ziprl.learner.distributed import init_distributed\ninit_distributed()\n"
+            "port = int(os.environ.get('MASTER_PORT') or 0)\n"
+            "print(sorted({c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN'}))")
+    proc = run(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['127.0.0.1']"

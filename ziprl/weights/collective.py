@@ -13,6 +13,7 @@ member joins again) and sends the latest version once more; the others ignore a 
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,6 +21,31 @@ from typing import Any
 from ziprl.registry import TRANSPORTS
 from ziprl.weights import LearnerWeights, Transport, WeightReceiver
 from ziprl.weights.buckets import Bucket, TensorMeta, buffer_size, unpack
+
+
+def tcp_store(addr: str, port: int, world: int, is_master: bool, timeout: timedelta) -> Any:
+    """A ``torch.distributed`` TCPStore at ``addr:port`` (the rendezvous of a process group); the master's listens on
+    ``addr`` only (an address of this machine, as torch's master needs), so one on 127.0.0.1 is not reachable from
+    other machines: torch's own listens on every interface."""
+    import torch.distributed as dist
+
+    fd = _listening(addr, port) if is_master else None
+    return dist.TCPStore(addr, port, world, is_master=is_master, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=fd)
+
+
+def _listening(addr: str, port: int) -> int:
+    """The descriptor of a socket listening on ``addr:port``, which the store takes over."""
+    family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 class Group:
@@ -35,7 +61,7 @@ class Group:
 
         self.rank, self.world, self.device = rank, world, torch.device(device)
         timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+        self.store = tcp_store(addr, port, world, rank == 0, timeout)
         if self.device.type == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
