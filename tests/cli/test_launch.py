@@ -1,5 +1,5 @@
 """``python -m ziprl.launch --address auto`` with no running Ray cluster: one ``error:`` line naming the fix, exit
-code 2, and its ``--out`` left unused, so a plain rerun starts there."""
+code 2, and its ``--out`` left unused, so a plain rerun starts there; with ``--overwrite``, the run there is kept."""
 
 from __future__ import annotations
 
@@ -41,3 +41,15 @@ def test_no_cluster_at_address_auto_is_one_error_line_and_leaves_out_unused(tmp_
         assert not ray.is_initialized()
         assert not out.is_dir() or not used(out), _snapshot(out)
         assert not (out / "config.json").exists()
+
+
+def test_no_cluster_is_found_before_overwrite_deletes_the_run_there(tmp_path, capsys, no_cluster):
+    from ziprl.rundir import prepare_run_dir
+
+    out = tmp_path / "run"
+    prepare_run_dir(out, resume=False, overwrite=False)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = _snapshot(out)
+    assert main(["--address", "auto", "--out", str(out), "--steps", "1", "--overwrite"]) == 2
+    assert "no running Ray cluster at --address auto" in capsys.readouterr().err
+    assert _snapshot(out) == before

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite, steps=cfg.learner.steps)
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg, plan.delete)
+    if cfg.ray.address is not None:  # the cluster to join is an input too: found before --overwrite deletes a run
+        from ziprl.actors.ray_utils import init_ray
+
+        init_ray(cfg.ray)
     with claim_run_dir(plan, command_line("ziprl.launch", argv or [])):  # the first write, once every input is good
         from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
