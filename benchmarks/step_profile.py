@@ -44,7 +44,7 @@ PARTS = {  # table column: metrics.jsonl key
     "step_s": "perf/step_seconds", "rollout_s": "perf/wait_seconds", "gen_tokens_per_s": "perf/gen_tokens_per_second", "forward_s": "learner/forward_seconds",
     "reference_s": "learner/reference_seconds", "backward_s": "learner/backward_seconds",
     "optimizer_s": "learner/optimizer_seconds", "learner_s": "learner/seconds", "push_s": "perf/push_seconds",
-    "save_s": "perf/save_seconds", "trained_tokens": "learner/trained_tokens",
+    "trajectories_s": "perf/trajectories_seconds", "trained_tokens": "learner/trained_tokens",
     "computed_tokens": "learner/computed_tokens", "mfu": "learner/mfu",
     "gemm_peak_tflops": "learner/gemm_peak_tflops", "mismatch_abs_mean": "learner/mismatch_abs_mean",
     "tis_mean": "learner/tis_mean",

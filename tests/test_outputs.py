@@ -116,6 +116,21 @@ def test_a_used_directory_in_use_is_named_in_use_before_resume_or_overwrite_is_a
         plan_run_dir(work / "run", resume=True, overwrite=False)
 
 
+def test_a_probe_of_the_lock_does_not_refuse_a_claim(work):
+    """refuse_held takes a shared lock for a moment: a claim that meets it waits that moment out instead of naming
+    a holder that is not there."""
+    import fcntl
+    import threading
+
+    with locked(work / "run"):
+        pass
+    fd = os.open(work / "run" / LOCK, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe's moment
+    threading.Timer(0.05, os.close, [fd]).start()
+    with locked(work / "run"):
+        pass
+
+
 def test_a_marker_write_cut_short_leaves_a_directory_a_plain_rerun_takes(work, no_models):
     """Killed while its marker was written, a new run left only its lock and the marker's temporary: the rerun
     takes the directory as new and removes that temporary; a user's file of a similar name is content."""
@@ -138,19 +153,22 @@ def test_leftovers_of_killed_writes_of_the_outputs_entries_are_swept_and_nothing
     owns = entries(r"model(?:/[^/]+)?", r"trajectories(?:/step_\d{6}\.parquet)?")
     out = work / "o"
     (out / "trajectories").mkdir(parents=True)
-    (out / ".model.ab_c1234").mkdir()  # atomic_dir's temporary, with a file
-    (out / ".model.ab_c1234" / "config.json").write_text("{}")
+    (out / ".model.ab_c1234.tmp").mkdir()  # atomic_dir's temporary, with a file
+    (out / ".model.ab_c1234.tmp" / "config.json").write_text("{}")
     (out / ".model.old-0123abcd").mkdir()  # replace_dir's old copy
     (out / "trajectories" / ".step_000002.parquet.0123abcd.tmp").write_bytes(b"PAR")
-    kept = {".notes.txt.0123abcd.tmp": "not an entry of the output", ".model.ab_c5678": "a file, not a temp directory",
-            "trajectories/.step_000003.parquet.backup.tmp": "not a temporary's name"}
+    kept = {".notes.txt.0123abcd.tmp": "not an entry of the output", ".model.old-89abcdef": "a file, not an old copy",
+            "trajectories/.step_000003.parquet.backup.tmp": "not a temporary's name",
+            ".model.backup01/notes.txt": "a directory of yours, not a temporary's name"}
     for rel in kept:
+        (out / rel).parent.mkdir(exist_ok=True)
         (out / rel).write_text("mine\n")
-    (out / ".model.linked12").symlink_to(work)
+    (out / ".model.linked12.tmp").symlink_to(work)
     removed = sweep_leftovers(out, owns)
-    assert sorted(removed) == [".model.ab_c1234", ".model.old-0123abcd", "trajectories/.step_000002.parquet.0123abcd.tmp"]
+    assert sorted(removed) == [".model.ab_c1234.tmp", ".model.old-0123abcd",
+                               "trajectories/.step_000002.parquet.0123abcd.tmp"]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
-        [*kept, ".model.linked12", "trajectories"])
+        [*kept, ".model.backup01", ".model.linked12.tmp", "trajectories"])
 
 
 def test_a_library_build_waits_for_the_one_under_way_and_reuses_it(work, lock_holder, waiting_for):

@@ -228,8 +228,8 @@ def _marker_leftover(path: Path) -> bool:
 
 def sweep_leftovers(out: Path, owns: Callable[[str], bool]) -> list[str]:
     """Remove, from the whole tree of the output ``out``, the temporaries that killed atomic writes left of entries
-    ``owns`` claims (:data:`ziprl.paths.LEFTOVER`: a file ``.<entry>.<8 hex>.tmp``, a directory
-    ``.<entry>.<8 characters>`` or ``.<entry>.old-<8 hex>``); never follows a link. Call it only
+    ``owns`` claims (:data:`ziprl.paths.LEFTOVER`: ``.<entry>.<8 characters>.tmp``, a directory
+    ``.<entry>.old-<8 hex>``); never follows a link. Call it only
     while holding ``out``'s lock (no write of this output is running); returns the relative paths removed."""
     removed = []
     for parent, dirs, files in os.walk(out):
@@ -237,8 +237,8 @@ def sweep_leftovers(out: Path, owns: Callable[[str], bool]) -> list[str]:
         rel = "" if rel == "." else f"{rel}/"
         for name in [*dirs, *files]:
             found, path = LEFTOVER.fullmatch(name), os.path.join(parent, name)
-            if found is None or os.path.islink(path) or os.path.isdir(path) == name.endswith(".tmp") \
-                    or not owns(rel + found[1]):  # a .tmp is a file, the others directories
+            if found is None or os.path.islink(path) or not (name.endswith(".tmp") or os.path.isdir(path)) \
+                    or not owns(rel + found[1]):  # an old- copy is a directory
                 continue
             shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
             removed.append(rel + name)
@@ -380,9 +380,7 @@ def locked(out: Path, wait: bool = False) -> Iterator[None]:
         if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
             raise OutputError(f"{path} is not a plain lock file (a special file or a hard link); remove it "
                               "yourself, or choose another --out")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock_soon(fd):
             if not wait:
                 raise OutputError(f"{out} is in use by {_holder(fd)} (it holds {path}); wait until it ends, or "
                                   "choose another --out") from None
@@ -393,6 +391,20 @@ def locked(out: Path, wait: bool = False) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _flock_soon(fd: int, seconds: float = 0.2) -> bool:
+    """Whether this process took ``fd``'s exclusive lock within ``seconds`` (:func:`refuse_held`'s probe holds a
+    shared one for a moment)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def refuse_held(out: Path) -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 # the temporary an atomic write of NAME leaves when killed: ``.NAME.<8 hex>.tmp`` (atomic_path), ``.NAME.<8 of
-# [a-z0-9_]>`` (atomic_dir's mkdtemp) or ``.NAME.old-<8 hex>`` (replace_dir's old copy); group 1 is NAME
-LEFTOVER = re.compile(r"\.(.+)\.(?:[0-9a-f]{8}\.tmp|old-[0-9a-f]{8}|[a-z0-9_]{8})")
+# [a-z0-9_]>.tmp`` (atomic_dir's mkdtemp) or ``.NAME.old-<8 hex>`` (replace_dir's old copy); group 1 is NAME
+LEFTOVER = re.compile(r"\.(.+)\.(?:[a-z0-9_]{8}\.tmp|old-[0-9a-f]{8})")
 CACHE_ENV = "ZIPRL_CACHE"
 DEPRECATED_CACHE_ENV = "ZIPRL_CACHE_DIR"
 DEFAULT_CACHE = "~/.cache/ziprl"
@@ -112,7 +112,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         for f in tmp.rglob("*"):

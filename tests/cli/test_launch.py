@@ -4,6 +4,7 @@ code 2, and its ``--out`` left unused, so a plain rerun starts there; with ``--o
 from __future__ import annotations
 
 import functools
+import signal
 
 import pytest
 
@@ -50,6 +51,27 @@ def test_no_cluster_is_found_before_overwrite_deletes_the_run_there(tmp_path, ca
     prepare_run_dir(out, resume=False, overwrite=False)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     before = _snapshot(out)
+    handler = signal.getsignal(signal.SIGTERM)
     assert main(["--address", "auto", "--out", str(out), "--steps", "1", "--overwrite"]) == 2
     assert "no running Ray cluster at --address auto" in capsys.readouterr().err
     assert _snapshot(out) == before
+    assert signal.getsignal(signal.SIGTERM) is handler  # not ray.init's
+
+
+def test_a_joined_cluster_is_left_when_the_run_directory_is_refused(tmp_path, capsys, monkeypatch):
+    """Joined first; meanwhile another run wrote into the directory, so the claim refuses it: the command
+    disconnects from the cluster before it exits 2."""
+    from ziprl.actors import ray_utils
+
+    out, calls = tmp_path / "run", []
+
+    def join(cfg):
+        calls.append("joined")
+        out.mkdir()
+        (out / "metrics.jsonl").write_text('{"step": 1}\n')  # another run, started while this one joined
+
+    monkeypatch.setattr(ray_utils, "init_ray", join)
+    monkeypatch.setattr(ray_utils, "stop_ray", lambda local=True: calls.append(("left", local)))
+    assert main(["--address", "auto", "--out", str(out), "--steps", "1"]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert calls == ["joined", ("left", False)]

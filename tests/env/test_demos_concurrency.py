@@ -4,9 +4,11 @@ the next run, and nothing else is."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from ziprl.cli.demos import main
@@ -157,6 +159,24 @@ def test_a_build_keeps_a_progress_file_another_run_wrote_while_it_played(tmp_pat
 
     demos.build_demos(cfg, retriever=word_retriever, progress=False, stop=other_stops)
     assert demos.is_demos_file(Path(cfg.demos.out)) and demos.is_partial_file(partial)
+
+
+def test_a_periodic_save_never_replaces_a_progress_file_another_run_wrote(tmp_path, word_retriever):
+    """With a save after every question, the other run's progress file written after the first save is kept: the
+    build stops, naming it, instead of writing over it and deleting it at the end."""
+    cfg = _cfg(tmp_path, "demos.checkpoint_every=1")
+    partial = demos.partial_path(cfg.demos.out)
+    calls = []
+
+    def other_writes_after_the_first_save():
+        calls.append(1)
+        if len(calls) == 1:
+            demos.write_partial(demos.DemoProgress(), partial, {"theirs": 1})
+
+    with pytest.raises(OutputError, match="written by another process"):
+        demos.build_demos(cfg, retriever=word_retriever, progress=False, stop=other_writes_after_the_first_save)
+    theirs = json.loads(pq.read_schema(partial).metadata[demos.PROGRESS_KEY])
+    assert theirs["settings"] == {"theirs": 1} and theirs["done"] == 0
 
 
 def _rows(path: Path) -> list[dict]:

@@ -221,11 +221,11 @@ def test_a_stopped_sft_resumes_to_the_model_a_straight_run_trains(tmp_path, tiny
         check_sft_resume(tmp_path / "b", sft_order(sft_cfg(tiny_model_dir), rows))
     (tmp_path / "b" / "model" / "notes.txt").unlink()
     (tmp_path / "b" / "model").rmdir()
-    (tmp_path / "b" / ".model.ab_c1234").mkdir()  # a model write a kill cut short: removed by the resume
-    (tmp_path / "b" / ".model.ab_c1234" / "config.json").write_text("{}")
+    (tmp_path / "b" / ".model.ab_c1234.tmp").mkdir()  # a model write a kill cut short: removed by the resume
+    (tmp_path / "b" / ".model.ab_c1234.tmp" / "config.json").write_text("{}")
 
     resumed = run_sft(sft_cfg(tiny_model_dir), demos, tmp_path / "b", resume=True)
-    assert not (tmp_path / "b" / ".model.ab_c1234").exists()
+    assert not (tmp_path / "b" / ".model.ab_c1234.tmp").exists()
     a, b = weights(straight), weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not (tmp_path / "b" / "checkpoints").exists()

@@ -1,6 +1,7 @@
 """The training loop logs a step's metrics row before writing its checkpoint, so a process killed between the two
 never leaves a checkpoint of a step whose row is missing (a resume starts logging after the checkpoint's step);
-``perf/save_seconds`` is the checkpoint written after the previous step."""
+``perf/save_seconds`` is the checkpoint written after the previous step, ``perf/trajectories_seconds`` the step's
+trajectory files."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ class SlowCheckpoints(CountingLearner):
         return super().save_checkpoint(out_dir, position, background)
 
 
-def test_each_step_is_logged_before_its_checkpoint_is_written(tmp_path):
+def test_each_step_is_logged_before_its_checkpoint_is_written(tmp_path, monkeypatch):
+    from ziprl.loop import training
+
+    monkeypatch.setattr(training, "save_groups", lambda groups, path: time.sleep(SAVE_S / 2))
     cfg = load_config(None, [f"run.out_dir={tmp_path}", "learner.steps=3", "learner.global_batch_questions=2",
                              "ray.max_staleness=0", "run.checkpoint_every=1"])
     push, logger = RecordingPush(), RecordingLogger()
@@ -39,3 +43,4 @@ def test_each_step_is_logged_before_its_checkpoint_is_written(tmp_path):
     saves = [m["perf/save_seconds"] for _, m in logger.steps]
     assert saves[0] == 0.0 and all(s >= SAVE_S for s in saves[1:])  # the previous step's write
     assert all(m["perf/step_seconds"] >= SAVE_S for _, m in logger.steps[1:])  # from one row to the next
+    assert all(SAVE_S / 2 <= m["perf/trajectories_seconds"] < SAVE_S for _, m in logger.steps)  # its own files

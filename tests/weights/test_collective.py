@@ -27,3 +27,23 @@ def test_the_master_store_listens_on_its_address_only_and_serves_a_client():
     assert master.get("version") == b"7"
     del client, master
 
+
+
+
+def test_a_host_name_that_resolves_to_loopback_here_listens_on_every_interface(monkeypatch):
+    """Debian maps the machine's own name to 127.0.1.1: the other ranks may know that name as its network address,
+    so such a store gets torch's own listener (every interface); ``localhost`` stays on loopback."""
+    import os
+    import socket
+
+    from ziprl.weights import collective
+
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real("127.0.1.1" if host == "node-a" else host,
+                                                                           *a, **k))
+    assert collective._listening("node-a", free_port()) is None
+    fd = collective._listening("localhost", free_port())
+    try:
+        assert socket.socket(fileno=os.dup(fd)).getsockname()[0] == "127.0.0.1"
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ The library is :mod:`ziprl.actors.launch`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from ziprl.boundary import run_command
@@ -35,14 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_run_dir(cfg.run.out_dir, cfg.run.resume, args.overwrite, steps=cfg.learner.steps)
     cfg.run.out_dir = str(plan.out)  # normalised: the directory checked is the one written
     check_inputs(cfg, plan.delete)
-    if cfg.ray.address is not None:  # the cluster to join is an input too: found before --overwrite deletes a run
-        from ziprl.actors.ray_utils import init_ray
+    with contextlib.ExitStack() as joined:
+        if cfg.ray.address is not None:  # the cluster to join is an input too: found before --overwrite deletes a run
+            from ziprl.actors.ray_utils import init_ray, signal_handlers_kept, stop_ray
 
-        init_ray(cfg.ray)
-    with claim_run_dir(plan, command_line("ziprl.launch", argv or [])):  # the first write, once every input is good
-        from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
+            joined.enter_context(signal_handlers_kept())  # ray.init's SIGTERM handler goes with the cluster
+            joined.callback(stop_ray, local=False)  # disconnected on every way out (launch disconnects too)
+            init_ray(cfg.ray)
+        with claim_run_dir(plan, command_line("ziprl.launch", argv or [])):  # the first write, once inputs are good
+            from ziprl.actors.launch import launch  # Ray loads only once the arguments are good
 
-        launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
+            launch(cfg)  # a ConfigError found once Ray is up (GPUs, ranks it cannot place) exits 2 via run_command
     again = run_arguments(cfg.run.out_dir, {"--sft-checkpoint": args.sft_checkpoint, "--address": args.address,
                                             "--num-rollout-actors": args.num_rollout_actors})
     print(summary_for(cfg, "ziprl.launch", not cfg.run.sft_checkpoint, config_arguments(args.config, args.set), again))

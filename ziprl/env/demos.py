@@ -362,6 +362,9 @@ def build_demos(cfg: ZipRLConfig, retriever: RetrieverLike | None = None, progre
 
     def save(s: DemoProgress) -> None:
         nonlocal seen
+        if stamp(partial) != seen:
+            raise OutputError(f"{partial} was written by another process while this run played; it is kept as it is: "
+                              "let that run finish, or move the file away and run again")
         write_partial(s, partial, settings)
         seen = stamp(partial)
 

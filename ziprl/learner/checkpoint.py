@@ -52,7 +52,7 @@ LATEST = "latest"
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 _NAME_RE = re.compile(r"^step_(\d+)(?:-[0-9a-f]+)?$")
 # what a killed write leaves: atomic_dir's temporary checkpoint and the old one it moves aside, atomic_path's latest
-_ORPHAN_RE = re.compile(r"\.(?:step_\d+(?:-[0-9a-f]+)?\.(?:[a-z0-9_]{8}|old-[0-9a-f]{8})|latest\.[0-9a-f]{8}\.tmp)")
+_ORPHAN_RE = re.compile(r"\.(?:step_\d+(?:-[0-9a-f]+)?\.(?:[a-z0-9_]{8}(?:\.tmp)?|old-[0-9a-f]{8})|latest\.[0-9a-f]{8}\.tmp)")
 
 
 class CheckpointError(UserError, ValueError):
@@ -167,7 +167,10 @@ def prune(root: Path, keep: int) -> None:
     for old in found[: max(len(found) - keep, 0)]:
         if old.name != current and not old.is_symlink() and _ours(old):
             # renamed first: a delete a kill cuts short leaves an orphan that clean_orphans removes on resume
-            doomed = old.rename(old.with_name(f".{old.name}.old-{uuid.uuid4().hex[:8]}"))
+            try:
+                doomed = old.rename(old.with_name(f".{old.name}.old-{uuid.uuid4().hex[:8]}"))
+            except OSError:  # gone meanwhile, or not renamable: the delete below does what it can
+                doomed = old
             shutil.rmtree(doomed, ignore_errors=True)
 
 

@@ -76,7 +76,7 @@ def init_distributed(model_cfg: ModelConfig | None = None) -> Any:
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():  # the group on a store that listens on MASTER_ADDR only
-        from torch.distributed.constants import default_pg_timeout
+        from deepspeed.constants import default_pg_timeout  # DeepSpeed's own ($DEEPSPEED_TIMEOUT minutes)
 
         from ziprl.weights.collective import tcp_store
 
@@ -84,7 +84,7 @@ def init_distributed(model_cfg: ModelConfig | None = None) -> Any:
         store = tcp_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), env["RANK"] == "0",
                           default_pg_timeout)
         torch.distributed.init_process_group("nccl" if cuda else "gloo", store=store, rank=int(env["RANK"]),
-                                             world_size=int(env["WORLD_SIZE"]))
+                                             world_size=int(env["WORLD_SIZE"]), timeout=default_pg_timeout)
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")  # adopts that group
     if not port_given:  # our store holds the port now: a child process (subprocess, Ray worker) must pick its own
         del os.environ["MASTER_PORT"]

@@ -9,7 +9,8 @@ every rollout worker, and the metrics go to TensorBoard; every ``run.checkpoint_
 the weights, optimiser and the data position (question stream + the jobs not yet trained). A step's metrics row is
 logged before its checkpoint is written, so no checkpoint holds a step whose row is missing (a resume from an older
 checkpoint re-logs the later rows); ``perf/save_seconds`` is therefore the checkpoint written after the previous
-step, and ``perf/step_seconds`` the time from one row to the next. SIGINT and SIGTERM stop the loop with such a
+step, ``perf/trajectories_seconds`` the step's trajectory files, and ``perf/step_seconds`` the time from one row to
+the next. SIGINT and SIGTERM stop the loop with such a
 checkpoint where it is exact (:mod:`ziprl.loop.stop`); a step checkpointed already is not written again.
 
 With ``rollout.dynamic_sampling`` (DAPO's dynamic sampling, verl's ``filter_groups``) the scheduler keeps only
@@ -190,7 +191,8 @@ def _steps(cfg: ZipRLConfig, learner: Learner, push: WeightSender, sched: Rollou
         dropped = sched.take_zero_variance()
         if dropped:
             save_groups(dropped, out / "trajectories" / "dropped" / f"step_{version:06d}.parquet")
-        timings = {"train": t1 - t0, "push": t2 - t1 - waited, "save": save_seconds}
+        timings = {"train": t1 - t0, "push": t2 - t1 - waited, "trajectories": time.perf_counter() - t2,
+                   "save": save_seconds}
         system = sched.step_stats()
         timings["wait"] = system["wait_seconds"]
         timings["step"], t_step = time.perf_counter() - t_step, time.perf_counter()

@@ -13,6 +13,7 @@ member joins again) and sends the latest version once more; the others ignore a 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,7 +27,9 @@ from ziprl.weights.buckets import Bucket, TensorMeta, buffer_size, unpack
 def tcp_store(addr: str, port: int, world: int, is_master: bool, timeout: timedelta) -> Any:
     """A ``torch.distributed`` TCPStore at ``addr:port`` (the rendezvous of a process group); the master's listens on
     ``addr`` only (an address of this machine, as torch's master needs), so one on 127.0.0.1 is not reachable from
-    other machines: torch's own listens on every interface."""
+    other machines: torch's own listens on every interface. A host name that resolves to loopback here (Debian maps
+    the machine's own name to 127.0.1.1) may name this machine's network address for the other ranks: its store
+    listens on every interface, as torch's does."""
     import torch.distributed as dist
 
     fd = _listening(addr, port) if is_master else None
@@ -34,9 +37,12 @@ def tcp_store(addr: str, port: int, world: int, is_master: bool, timeout: timede
                          master_listen_fd=fd)
 
 
-def _listening(addr: str, port: int) -> int:
-    """The descriptor of a socket listening on ``addr:port``, which the store takes over."""
+def _listening(addr: str, port: int) -> int | None:
+    """The descriptor of a socket listening on ``addr:port``, which the store takes over; None for a host name that
+    resolves to loopback (see :func:`tcp_store`)."""
     family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    if ipaddress.ip_address(where[0]).is_loopback and not _loopback_name(addr):
+        return None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -46,6 +52,14 @@ def _listening(addr: str, port: int) -> int:
         sock.close()
         raise
     return sock.detach()
+
+
+def _loopback_name(addr: str) -> bool:
+    """Whether ``addr`` itself says loopback: ``localhost``, or a loopback address."""
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 class Group:
