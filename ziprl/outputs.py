@@ -382,9 +382,9 @@ def locked(out: Path, wait: bool = False) -> Iterator[None]:
                               "yourself, or choose another --out")
         if not _flock_soon(fd):
             if not wait:
-                raise OutputError(f"{out} is in use by {_holder(fd)} (it holds {path}); wait until it ends, or "
+                raise OutputError(f"{out} is in use by {lock_holder(fd)} (it holds {path}); wait until it ends, or "
                                   "choose another --out") from None
-            print(f"[outputs] waiting for {_holder(fd)}, which is writing {out}", file=sys.stderr, flush=True)
+            print(f"[outputs] waiting for {lock_holder(fd)}, which is writing {out}", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -416,18 +416,18 @@ def refuse_held(out: Path) -> None:
     except OSError:  # none, or not a lock file (locked() names that)
         return
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or _holder(fd) == f"process {os.getpid()}":
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or lock_holder(fd) == f"process {os.getpid()}":
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OutputError(f"{out} is in use by {_holder(fd)} (it holds {out / LOCK}); wait until it ends, or "
+            raise OutputError(f"{out} is in use by {lock_holder(fd)} (it holds {out / LOCK}); wait until it ends, or "
                               "choose another --out") from None
     finally:
         os.close(fd)
 
 
-def _holder(fd: int) -> str:
+def lock_holder(fd: int) -> str:
     """The process that holds a lock, as its lock file says."""
     text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     return f"process {text}" if text.isdigit() else "another process"

@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,8 +35,8 @@ from ziprl.boundary import UserError
 from ziprl.config import RetrieverConfig, ZipRLConfig, differences
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.outputs import LOCK, OutputError, check_file
-from ziprl.paths import atomic_path
+from ziprl.outputs import LOCK, OutputError, check_file, lock_holder
+from ziprl.paths import LEFTOVER, atomic_path
 from ziprl.retrieval.datasets import DatasetError, corpus_source, load_dataset, retriever_config_for
 from ziprl.retrieval.types import QAExample, RetrieverLike
 
@@ -172,10 +171,10 @@ def hold(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            holder = lock_holder(fd)
             os.close(fd)
-            raise OutputError(f"{out} is in use by {f'process {holder}' if holder.isdigit() else 'another process'} "
-                              f"(it holds {path}); wait until it ends, or choose another --out") from None
+            raise OutputError(f"{out} is in use by {holder} (it holds {path}); wait until it ends, or choose another "
+                              "--out") from None
         if _is_open_at(fd, path):
             break
         os.close(fd)
@@ -215,19 +214,14 @@ def _is_open_at(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
 
 
-def temp_names(out: str | Path) -> re.Pattern[str]:
-    """The names :func:`ziprl.paths.atomic_path` gives the temporary files of ``out`` and of its progress file:
-    ``.<name>.<8 hex digits>.tmp``."""
-    names = "|".join(re.escape(p.name) for p in (Path(out), partial_path(out)))
-    return re.compile(rf"\.(?:{names})\.[0-9a-f]{{8}}\.tmp")
-
-
 def remove_temps(out: Path) -> list[Path]:
-    """Remove, and return, the temporary files a killed run writing ``out`` left beside it (:func:`temp_names`: plain
-    files with one name, empty or begun as Parquet); call it holding :func:`hold`, as no write is under way then."""
-    pattern, found = temp_names(out), []
+    """Remove, and return, the temporary files a killed run writing ``out`` left beside it: those
+    :data:`ziprl.paths.LEFTOVER` names of ``out`` and of its progress file, plain files with one name, empty or begun
+    as Parquet; call it holding :func:`hold`, as no write is under way then."""
+    names, found = {out.name, partial_path(out).name}, []
     for entry in sorted(os.scandir(out.parent), key=lambda e: e.name) if out.parent.is_dir() else ():
-        if pattern.fullmatch(entry.name) and _is_torn_parquet(Path(entry.path)):
+        leftover = LEFTOVER.fullmatch(entry.name)
+        if leftover and leftover[1] in names and entry.name.endswith(".tmp") and _is_torn_parquet(Path(entry.path)):
             os.unlink(entry.path)
             found.append(Path(entry.path))
     return found
