@@ -152,3 +152,18 @@ def test_a_local_cluster_listens_on_loopback_only():
     finally:
         stop_ray()
     assert ray_utils.ray_constants.ENABLE_RAY_CLUSTER  # put back: a cluster joined later is found as usual
+
+
+def test_unreachable_says_why_an_address_takes_no_connection_and_leaves_auto_to_ray():
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert ray_utils.unreachable(f"127.0.0.1:{port}") is None
+        assert ray_utils.unreachable(f"ray://127.0.0.1:{port}") is None
+    why = ray_utils.unreachable(f"127.0.0.1:{port}", timeout=2)  # closed now
+    assert why is not None and "refused" in why.lower(), why
+    for address in ("auto", "localhost", "host:port"):
+        assert ray_utils.unreachable(address) is None

@@ -75,3 +75,32 @@ def test_a_joined_cluster_is_left_when_the_run_directory_is_refused(tmp_path, ca
     assert main(["--address", "auto", "--out", str(out), "--steps", "1"]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert calls == ["joined", ("left", False)]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_that_takes_no_connection_is_one_error_line_at_once(tmp_path, capsys, monkeypatch, scheme):
+    """Ray itself retries such an address for minutes (over 200 s measured), so it is never handed one."""
+    import ray
+
+    joins = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: joins.append(kwargs) or ray_never_answers())
+    out = tmp_path / "run"
+    address = f"{scheme}127.0.0.1:{_closed_port()}"
+    assert main(["--address", address, "--out", str(out), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: no Ray cluster reachable at --address {address} ("), err
+    assert "drop --address" in err[0], err
+    assert joins == []
+    assert not out.exists()
+
+
+def ray_never_answers():
+    raise ConnectionError("Ray retried for minutes")

@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,8 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false"}
 # its port file (30 s by default)
 STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 NO_CLUSTER = "Could not find any running Ray instance"  # Ray's ConnectionError for an address "auto" that finds none
+# Seconds to wait for a TCP connection to --address before saying it is unreachable (Ray itself retries for minutes)
+REACH_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -39,7 +42,8 @@ def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str,
     already installed on every node. ``runtime_env`` env_vars are merged over :data:`DEFAULT_ENV_VARS`.
     A local cluster uses Ray's token authentication (Ray 2.60's default; ``cfg.auth_token=False`` opts out) and
     listens on 127.0.0.1 only (:func:`start_local_ray`); a joined cluster without token authentication gets a warning.
-    No cluster at ``cfg.address`` is a ConfigError naming the fix.
+    No cluster at ``cfg.address``, or a ``host:port`` that takes no TCP connection (:func:`unreachable`), is a
+    ConfigError naming the fix.
     """
     if ray.is_initialized():
         return
@@ -50,6 +54,11 @@ def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str,
     if cfg.address is None:
         start_local_ray(num_cpus=num_cpus, include_dashboard=False, runtime_env=env)
     else:
+        why = unreachable(cfg.address)
+        if why is not None:
+            raise ConfigError(f"no Ray cluster reachable at --address {cfg.address} ({why}): check the head node's "
+                              "address and port, and that it is running (`ray status` there), or drop --address to "
+                              "start a local one")
         try:
             ray.init(address=cfg.address, runtime_env=env)
         except ConnectionError as exc:  # Ray's "Could not find any running Ray instance" (auto), or its GCS unreachable
@@ -59,6 +68,20 @@ def init_ray(cfg: RayConfig, num_cpus: int | None = None, runtime_env: dict[str,
     if cfg.auth_token and not token_auth_enabled():
         log.warning("this Ray cluster runs without token authentication: anyone who reaches its ports can run code "
                     "on it. Start it with RAY_AUTH_MODE=token (cluster/a100x8.yaml does); see docs/security.md")
+
+
+def unreachable(address: str, timeout: float = REACH_TIMEOUT_S) -> str | None:
+    """Why ``address`` (``host:port`` or ``ray://host:port``) takes no TCP connection within ``timeout`` seconds, or
+    None when it does. ``auto``, and an address of another form, are left to Ray (None)."""
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:  # refused, timed out, or a name that does not resolve
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
 
 
 def start_local_ray(**kwargs: Any) -> None:
