@@ -1,21 +1,33 @@
 """The output rule of the scripts that write a directory (make_invented.py, make_sample.py, viewer_demo_run.py):
 the directory is new, empty, or an earlier output of the same script (its marker, :data:`ziprl.outputs.MARKER`,
-names the script); anything else is refused before anything is written. The output is built in a temporary
-directory beside it (so its parent must be writable, checked up front); a rerun then replaces only the files the
-script writes, by name (in its subdirectories too), once every one of them was checked to be a plain file or
-absent: nothing is deleted, and a refused rerun changes nothing."""
+names the script); anything else is refused before anything is written. The run holds the directory's lock beside
+it (:func:`ziprl.outputs.hold`: a second run there is refused, naming the first), checks it again under the lock,
+and builds the output in a temporary directory beside it (so its parent must be writable, checked up front); then
+it replaces only the files the script writes, by name (in its subdirectories too), once every one of them was
+checked to be a plain file or absent: nothing is deleted, and a refused rerun changes nothing. What a killed run
+left beside the directory (its temporary directory) the next run removes, under the lock."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ziprl.outputs import MARKER, OutputError, checked_dir, read_marker, refuse_links, shown, write_marker
-from ziprl.paths import atomic_dir, fsync
+from ziprl.outputs import (
+    MARKER,
+    OutputError,
+    checked_dir,
+    hold,
+    read_marker,
+    refuse_links,
+    shown,
+    write_marker,
+)
+from ziprl.paths import LEFTOVER, fsync
 
 
 def marked_by(out: Path, script: str) -> bool:
@@ -89,31 +101,40 @@ def _moves(built: Path, out: Path, problems: list[str]) -> list[tuple[Path, Path
     return pairs
 
 
+def _sweep_builds(out: Path) -> None:
+    """Remove the temporary directories killed runs of :func:`building` left beside ``out`` (``.<out>.<8>.tmp``;
+    only while holding ``out``'s lock; never a link)."""
+    for path in out.parent.iterdir():
+        found = LEFTOVER.fullmatch(path.name)
+        if found and found[1] == out.name and path.name.endswith(".tmp") and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+
+
 @contextmanager
-def building(out: Path, kind: str) -> Iterator[Path]:
-    """A temporary directory beside ``out`` to build an output of ``kind`` in (checked by :func:`checked_out`),
-    marked when the block ends: it then becomes ``out`` when ``out`` is new; otherwise its files replace their
-    namesakes in ``out``, which is kept (it may be a user's empty directory). Every namesake is checked first: when
-    one is not a plain file (a directory where a file goes, a link, a special file), OutputError names it and ``out``
-    is left as it was."""
-    if not out.exists():
-        with atomic_dir(out) as tmp:
-            yield tmp
+def building(out: Path, kind: str, script: str) -> Iterator[Path]:
+    """A temporary directory beside ``out`` to build ``script``'s output of ``kind`` in, marked when the block ends;
+    its files then replace their namesakes in ``out`` (created when missing; kept: it may be a user's empty directory).
+    ``out`` is locked first and checked again under the lock (:func:`checked_out`), so what another process wrote
+    there meanwhile is refused, or kept beside the files, never replaced. Every namesake is checked before anything moves: when one is not a plain
+    file (a directory where a file goes, a link, a special file), OutputError names it and ``out`` is left as it
+    was."""
+    with hold(out):
+        checked_out(out, kind, script)
+        _sweep_builds(out)
+        out.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent) as tmp:
+            yield Path(tmp)
             write_marker(tmp, kind)
-        return
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        yield Path(tmp)
-        write_marker(tmp, kind)
-        problems: list[str] = []
-        pairs = _moves(Path(tmp), out, problems)
-        if problems:
-            raise OutputError(f"--out {out}: {shown(problems)}, where this script writes a file of its own; nothing was "
-                              "changed: move it out of the directory, or choose another --out")
-        for src, dst in pairs:
-            if src.is_dir():
-                for f in src.rglob("*"):
-                    fsync(f)
-            fsync(src)
-            os.replace(src, dst)
-        for folder in sorted({dst.parent for _, dst in pairs}):
-            fsync(folder)
+            problems: list[str] = []
+            pairs = _moves(Path(tmp), out, problems)
+            if problems:
+                raise OutputError(f"--out {out}: {shown(problems)}, where this script writes a file of its own; nothing "
+                                  "was changed: move it out of the directory, or choose another --out")
+            for src, dst in pairs:
+                if src.is_dir():
+                    for f in src.rglob("*"):
+                        fsync(f)
+                fsync(src)
+                os.replace(src, dst)
+            for folder in sorted({dst.parent for _, dst in pairs} | {out}):
+                fsync(folder)

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(the shipped ziprl/data/invented/ predates the marker: write elsewhere and copy the files over)")
     args = ap.parse_args(argv)
     out = checked_out(args.out, "data", Path(__file__).name)
-    with building(out, "data") as tmp:
+    with building(out, "data", Path(__file__).name) as tmp:
         data = write_invented(tmp, args.seed)
         (tmp / "README.md").write_text(readme(data, args.seed), encoding="utf-8")
     size = sum(f.stat().st_size for f in out.iterdir())

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     out = checked_out(args.out, "data", Path(__file__).name)
     hotpot, musique, passages, n_own = choose(shared_dir(args.shared), args)
     check_supported(hotpot + musique, passages)
-    with building(out, "data") as tmp:
+    with building(out, "data", Path(__file__).name) as tmp:
         write_qa_jsonl(hotpot + musique, tmp / "qa.jsonl")
         write_corpus(passages, tmp / "corpus.jsonl.gz")
         (tmp / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(resolve_model_path(ModelConfig()))
     examples = load_dataset("sample", limit=8)
     retriever = Retriever.from_config(RetrieverConfig())
-    with building(out_dir, "bench") as tmp:
+    with building(out_dir, "bench", Path(__file__).name) as tmp:
         for step in (1, 2, 3):
             env = SearchCompressEnv({"strategy": "adaptive", "max_turns": 8}, retriever=retriever)
             trajs = [play(env, tok, ex, wrong=i % 4 < 3 - step, malformed=i % 3 == step % 3, version=step)

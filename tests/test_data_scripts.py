@@ -293,3 +293,56 @@ def test_viewer_demo_run_writes_a_new_directory_and_rewrites_its_own(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         (MARKER, "trajectories", "trajectories_adaptive.parquet", "trajectories_react.parquet"))
     assert len(list((out / "trajectories").iterdir())) == 3
+
+
+# ---------------------------------------------------------------- a run beside another process
+
+
+def test_what_appears_in_a_new_out_during_the_build_is_kept_beside_the_output(tmp_path, monkeypatch):
+    """The directory did not exist when the run checked it; a file someone writes there while the run builds (another
+    script's output, a user's file) stays, beside the run's files, instead of being replaced with the directory."""
+    script, out = module("make_invented", monkeypatch), tmp_path / "inv"
+    real = script.write_invented
+
+    def meanwhile(tmp, seed):
+        users(out, "mine.txt")
+        return real(tmp, seed)
+
+    monkeypatch.setattr(script, "write_invented", meanwhile)
+    assert script.main(["--out", str(out)]) == 0
+    assert (out / "mine.txt").read_text() == "the user's mine.txt\n"
+    assert sorted(p.name for p in out.iterdir()) == sorted((MARKER, "mine.txt", *INVENTED))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inv"]  # no lock or temporary left beside it
+
+
+def test_a_file_written_between_the_check_and_the_build_is_refused_under_the_lock(tmp_path, monkeypatch, capsys):
+    script, out = module("make_invented", monkeypatch), tmp_path / "inv"
+    real = script.checked_out
+
+    def then_a_user_writes(*args):
+        found = real(*args)
+        users(out, "mine.txt")
+        return found
+
+    monkeypatch.setattr(script, "checked_out", then_a_user_writes)
+    line = refused((script.main(["--out", str(out)]), capsys.readouterr().err))
+    assert "is not empty (mine.txt)" in line
+    assert snapshot(out) == {"mine.txt": b"the user's mine.txt\n"}
+
+
+def test_a_second_run_on_one_out_is_refused_naming_the_first(tmp_path):
+    from ziprl.outputs import hold, lock_path
+
+    out = tmp_path / "inv"
+    with hold(out):  # another run of a script writing there
+        line = refused(run("make_invented.py", "--out", str(out)))
+    assert f"{out} is in use by process {os.getpid()}" in line and str(lock_path(out)) in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_temporary_directory_of_a_killed_run_is_removed_by_the_next(tmp_path):
+    out = tmp_path / "inv"
+    users(tmp_path / ".inv.k1ll3d_x.tmp", "corpus.jsonl.gz")  # what a kill during the build left beside out
+    users(tmp_path, ".inv.notes", ".inv.abcdefgh.tmp")  # a user's files of similar names: kept
+    assert run("make_invented.py", "--out", str(out)).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".inv.abcdefgh.tmp", ".inv.notes", "inv"]

@@ -393,6 +393,66 @@ def locked(out: Path, wait: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
+def lock_path(out: str | Path) -> Path:
+    """The lock file of a command writing ``out`` (:func:`hold`): ``.<name>.ziprl-lock`` beside it."""
+    out = Path(out)
+    return out.with_name(f".{out.name}{LOCK}")
+
+
+@contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Hold the lock of the output ``out`` (a file, or a directory written whole) (its folder created when missing) while the block runs, then remove the
+    lock file; OutputError, nothing touched, when another process holds it or the name is a file ZipRL did not write."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = lock_path(out)
+    while True:  # a lock file its holder removed as it ended is opened again: the next holder's is a new one
+        fd = _open_lock(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(fd)
+            os.close(fd)
+            raise OutputError(f"{out} is in use by {holder} (it holds {path}); wait until it ends, or choose another "
+                              "--out") from None
+        if _is_open_at(fd, path):
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        if _is_open_at(fd, path):  # removed while still locked, so no other process takes it in between
+            path.unlink()
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened (created when missing); OutputError, the file kept, unless it is a lock :func:`hold` wrote: a
+    plain file with one name, empty or holding a process id."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a symbolic link (ELOOP), a directory (EISDIR), a name too long
+        raise OutputError(f"{path} is not a lock file ZipRL can use ({exc.strerror}); remove it yourself, or choose "
+                          "another --out") from None
+    st = os.fstat(fd)
+    text = os.pread(fd, 33, 0).strip() if stat.S_ISREG(st.st_mode) else b"x"
+    if st.st_nlink > 1 or len(text) > 32 or not (text.isdigit() or not text):
+        os.close(fd)
+        raise OutputError(f"{path} is not a lock file ZipRL wrote; nothing was written: remove it yourself, or choose "
+                          "another --out")
+    return fd
+
+
+def _is_open_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the one named ``path``."""
+    try:
+        st, named = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
+
+
 def _flock_soon(fd: int, seconds: float = 0.2) -> bool:
     """Whether this process took ``fd``'s exclusive lock within ``seconds`` (:func:`refuse_held`'s probe holds a
     shared one for a moment)."""

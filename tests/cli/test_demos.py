@@ -11,7 +11,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from ziprl.env.demos import hold, is_demos_file, lock_path
+from ziprl.env.demos import is_demos_file
+from ziprl.outputs import hold, lock_path
 
 
 def demos(*args: str, **kw) -> subprocess.CompletedProcess | subprocess.Popen:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from ziprl import outputs
 from ziprl.cli.demos import main
 from ziprl.env import demos
 from ziprl.outputs import OutputError
@@ -46,20 +47,20 @@ def test_a_second_command_on_the_same_out_is_refused_naming_the_holder(tmp_path,
     out, partial = tmp_path / "d.parquet", demos.partial_path(tmp_path / "d.parquet")
     demos.write_partial(demos.DemoProgress(), partial, {})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    with demos.hold(out):
+    with outputs.hold(out):
         for flags in (["--overwrite"], ["--resume"]):
             assert command(*flags) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and f"is in use by process {os.getpid()}" in err, err
         assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before | {
-            demos.lock_path(out).name: f"{os.getpid()}\n".encode()}
-    assert not os.path.lexists(demos.lock_path(out))
+            outputs.lock_path(out).name: f"{os.getpid()}\n".encode()}
+    assert not os.path.lexists(outputs.lock_path(out))
     assert command("--overwrite") == 0 and demos.is_demos_file(out)
-    assert not partial.exists() and not os.path.lexists(demos.lock_path(out))
+    assert not partial.exists() and not os.path.lexists(outputs.lock_path(out))
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over_and_a_users_file_of_its_name_is_kept(tmp_path, command, capsys):
-    lock = demos.lock_path(tmp_path / "d.parquet")
+    lock = outputs.lock_path(tmp_path / "d.parquet")
     lock.write_text("999999999\n")  # a killed run's: nobody holds it
     assert command() == 0 and not lock.exists()
     lock.write_text("my notes\n")
@@ -71,7 +72,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_and_a_users_file_of_its_name_
 def test_a_lock_file_its_holder_removed_before_it_was_locked_is_opened_again(tmp_path, monkeypatch):
     """The holder ends (removing its lock file) between this process's open and flock: this process locks the new
     file a third one would open, not the removed one."""
-    out, real = tmp_path / "d.parquet", demos._open_lock
+    out, real = tmp_path / "d.parquet", outputs._open_lock
     opened = []
 
     def racing(path):
@@ -81,10 +82,10 @@ def test_a_lock_file_its_holder_removed_before_it_was_locked_is_opened_again(tmp
         opened.append(fd)
         return fd
 
-    monkeypatch.setattr(demos, "_open_lock", racing)
-    with demos.hold(out):
-        assert len(opened) == 2 and demos.lock_path(out).read_text() == f"{os.getpid()}\n"
-    assert not os.path.lexists(demos.lock_path(out))
+    monkeypatch.setattr(outputs, "_open_lock", racing)
+    with outputs.hold(out):
+        assert len(opened) == 2 and outputs.lock_path(out).read_text() == f"{os.getpid()}\n"
+    assert not os.path.lexists(outputs.lock_path(out))
 
 
 def test_a_killed_runs_temporary_files_are_removed_and_nothing_else(tmp_path, command, capsys):

@@ -24,14 +24,13 @@ from ziprl.env.demos import (
     DemoResumeError,
     build_demos,
     demo_examples,
-    hold,
     is_demos_file,
     is_partial_file,
     partial_path,
     remove_temps,
 )
 from ziprl.loop.stop import StopSignals
-from ziprl.outputs import OutputError, check_file
+from ziprl.outputs import OutputError, check_file, hold
 
 
 @run_command

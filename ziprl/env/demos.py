@@ -9,7 +9,7 @@ A run stopped by SIGINT or SIGTERM (at the end of the episode under way), or kil
 ``<out>.partial`` (written every ``demos.checkpoint_every`` episodes and on a stop); the same build continues from
 it, checked field by field against its settings and questions, and deletes it once ``<out>`` is written.
 
-The command holds :func:`hold` (an ``fcntl.flock`` on ``.<name>.ziprl-lock`` beside ``<out>``) for its whole life,
+The command holds :func:`ziprl.outputs.hold` (an ``fcntl.flock`` on ``.<name>.ziprl-lock`` beside ``<out>``) for its whole life,
 so a second one on the same ``<out>`` is refused, and removes the temporary files a killed run's atomic writes left
 (:func:`remove_temps`). :func:`build_demos` never replaces an ``<out>`` that changed while it played.
 """
@@ -17,13 +17,11 @@ so a second one on the same ``<out>`` is refused, and removes the temporary file
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from ziprl.boundary import UserError
 from ziprl.config import RetrieverConfig, ZipRLConfig, differences
 from ziprl.env.scripted import ScriptedTeacher
 from ziprl.env.search_env import SearchCompressEnv
-from ziprl.outputs import LOCK, OutputError, check_file, lock_holder
+from ziprl.outputs import OutputError, check_file
 from ziprl.paths import LEFTOVER, atomic_path
 from ziprl.retrieval.datasets import DatasetError, corpus_source, load_dataset, retriever_config_for
 from ziprl.retrieval.types import QAExample, RetrieverLike
@@ -154,70 +152,10 @@ def partial_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def lock_path(out: str | Path) -> Path:
-    """The lock file of a command writing ``out`` (:func:`hold`): ``.<name>.ziprl-lock`` beside it."""
-    out = Path(out)
-    return out.with_name(f".{out.name}{LOCK}")
-
-
-@contextmanager
-def hold(out: Path) -> Iterator[None]:
-    """Hold the lock of the output ``out`` (its folder created when missing) while the block runs, then remove the
-    lock file; OutputError, nothing touched, when another process holds it or the name is a file ZipRL did not write."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = lock_path(out)
-    while True:  # a lock file its holder removed as it ended is opened again: the next holder's is a new one
-        fd = _open_lock(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = lock_holder(fd)
-            os.close(fd)
-            raise OutputError(f"{out} is in use by {holder} (it holds {path}); wait until it ends, or choose another "
-                              "--out") from None
-        if _is_open_at(fd, path):
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        if _is_open_at(fd, path):  # removed while still locked, so no other process takes it in between
-            path.unlink()
-        os.close(fd)
-
-
-def _open_lock(path: Path) -> int:
-    """``path`` opened (created when missing); OutputError, the file kept, unless it is a lock :func:`hold` wrote: a
-    plain file with one name, empty or holding a process id."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:  # a symbolic link (ELOOP), a directory (EISDIR), a name too long
-        raise OutputError(f"{path} is not a lock file ZipRL can use ({exc.strerror}); remove it yourself, or choose "
-                          "another --out") from None
-    st = os.fstat(fd)
-    text = os.pread(fd, 33, 0).strip() if stat.S_ISREG(st.st_mode) else b"x"
-    if st.st_nlink > 1 or len(text) > 32 or not (text.isdigit() or not text):
-        os.close(fd)
-        raise OutputError(f"{path} is not a lock file ZipRL wrote; nothing was written: remove it yourself, or choose "
-                          "another --out")
-    return fd
-
-
-def _is_open_at(fd: int, path: Path) -> bool:
-    """Whether the open file ``fd`` is still the one named ``path``."""
-    try:
-        st, named = os.fstat(fd), os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
-
-
 def remove_temps(out: Path) -> list[Path]:
     """Remove, and return, the temporary files a killed run writing ``out`` left beside it: those
     :data:`ziprl.paths.LEFTOVER` names of ``out`` and of its progress file, plain files with one name, empty or begun
-    as Parquet; call it holding :func:`hold`, as no write is under way then."""
+    as Parquet; call it holding :func:`ziprl.outputs.hold`, as no write is under way then."""
     names, found = {out.name, partial_path(out).name}, []
     for entry in sorted(os.scandir(out.parent), key=lambda e: e.name) if out.parent.is_dir() else ():
         leftover = LEFTOVER.fullmatch(entry.name)
