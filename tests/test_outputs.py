@@ -149,6 +149,22 @@ def test_a_marker_write_cut_short_leaves_a_directory_a_plain_rerun_takes(work, n
         plan_run_dir(work / "b", resume=False, overwrite=False)
 
 
+@pytest.mark.parametrize("lock", ["", "\n"])
+def test_a_lock_left_empty_by_a_kill_before_its_process_id_counts_as_the_lock(work, no_models, lock):
+    """Killed between creating the lock file and writing its id (or on a full disk there): the directory is new."""
+    run = work / "run"
+    run.mkdir()
+    (run / LOCK).write_text(lock)
+    assert plan_run_dir(run, resume=False, overwrite=False).delete == ()
+    with claim_run_dir(plan_run_dir(run, resume=False, overwrite=False)):
+        pass
+    assert sorted(os.listdir(run)) == sorted([MARKER, LOCK])
+    (work / "b").mkdir()
+    (work / "b" / LOCK).write_text("my notes\n")  # a user's file of that name
+    with pytest.raises(OutputError, match="is not empty"):
+        plan_run_dir(work / "b", resume=False, overwrite=False)
+
+
 def test_leftovers_of_killed_writes_of_the_outputs_entries_are_swept_and_nothing_else(work):
     owns = entries(r"model(?:/[^/]+)?", r"trajectories(?:/step_\d{6}\.parquet)?")
     out = work / "o"

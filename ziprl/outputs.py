@@ -250,11 +250,12 @@ def sweep_leftovers(out: Path, owns: Callable[[str], bool]) -> list[str]:
 
 
 def is_lock(path: Path) -> bool:
-    """Whether ``path`` is a lock :func:`locked` wrote: a plain file holding a process id (a user's file of that
-    name, whatever else it holds, is kept as it is)."""
+    """Whether ``path`` is a lock :func:`locked` wrote: a plain file holding a process id, or empty (killed before
+    it wrote its id); a user's file of that name, whatever else it holds, is kept as it is."""
     try:
         st = os.lstat(path)
-        return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and path.read_bytes().strip().isdigit()
+        text = path.read_bytes().strip() if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else b"x"
+        return text.isdigit() or not text
     except OSError:
         return False
 

