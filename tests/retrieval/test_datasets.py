@@ -272,6 +272,22 @@ def test_pooled_corpus_is_materialised_once(tmp_path, caplog):
     assert len(wiki) == 1000
 
 
+@pytest.mark.parametrize("damage", ["cut at a line", "cut mid-line", "no digest"])
+def test_a_damaged_cached_corpus_is_built_again(tmp_path, damage):
+    """A cached corpus cut short (a full disk, a user's ``head``) was trusted by its name: a run searched 300 of 6,850
+    passages without a word, or stopped on a malformed line of a file the user never wrote."""
+    shared = _shared()
+    first = corpus_for("pooled", shared, cache_dir=tmp_path)
+    whole = first.read_bytes()
+    if damage == "no digest":
+        first.with_name(first.name + ".sha256").unlink()
+    else:
+        cut = whole.index(b"\n", len(whole) // 2) + (1 if damage == "cut at a line" else -5)
+        first.write_bytes(whole[:cut])
+    assert corpus_for("pooled", shared, cache_dir=tmp_path) == first
+    assert first.read_bytes() == whole
+
+
 def test_all_shared_files_listed_exist():
     shared = _shared()
     assert all((shared / rel).is_file() for name in DATASETS for rel in DATASETS[name].files)

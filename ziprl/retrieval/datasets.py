@@ -219,14 +219,18 @@ def _files_hash(paths: Iterable[Path], salt: str) -> str:
 def materialise(name: str, files: tuple[str, ...], build: Callable[[], list[Passage]], shared_dir: SharedDir,
                 cache_dir: SharedDir) -> Path:
     """The JSONL corpus ``build()`` makes from ``files``, written once under ``<cache>/corpora/`` (or ``cache_dir``),
-    keyed by the files' content."""
+    keyed by the files' content; the sha256 of its bytes is written beside it (``<name>.sha256``), and a file that
+    does not match it (cut short, edited, or written before the check) is built again."""
     paths = [shared_file(rel, shared_dir) for rel in files]
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "corpora"
     out = root / f"{name}-{_files_hash(paths, POOLED_VERSION)}.jsonl"
-    if out.is_file():
+    digest = out.with_name(out.name + ".sha256")
+    if out.is_file() and digest.is_file() and digest.read_text(encoding="utf-8").strip() == file_sha256(out):
         return out
     log.info("materialising the %s corpus into %s", name, out)
-    return write_corpus(build(), out)
+    write_corpus(build(), out)
+    atomic_write_text(digest, file_sha256(out) + "\n")
+    return out
 
 
 # ---------------------------------------------------------------- unified schema
