@@ -14,7 +14,9 @@
 # the last carries one piece and runs `scripts/gpu_learn.sh --piece PIECE` (it is copied into --store, default
 # /tmp/ziprl-store, and the command ends); the last carries the last piece and adds `--sha256 HEX`: the pieces are
 # joined, checked against HEX, the wheels of packages its Python lacks installed into STORE/site and the data unpacked,
-# then the run starts. A machine that has everything runs it without --piece and --sha256. Without CUDA it says so and
+# then the run starts. A piece is named as scripts/gpu_payload.sh's split names it (part-aa, part-ab, ...); once the
+# join matches HEX the pieces are removed from STORE/pieces (a later payload's pieces then start afresh), and a rerun
+# with --sha256 alone installs STORE/payload.tar again when it matches HEX. A machine that has everything runs it without --piece and --sha256. Without CUDA it says so and
 # exits 0. STORE is new, empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is
 # written; the joined payload becomes STORE/payload.tar only once its sha256 matches.
 # --install-only stops once the payload is installed (with --sha256; scripts/gpu_round.sh runs next).
@@ -44,7 +46,11 @@ DRY=0
 INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --piece) [ -n "${2:-}" ] || die "--piece needs a file"; PIECES+=("$(abs "$2")"); shift 2 ;;
+    --piece) [ -n "${2:-}" ] || die "--piece needs a file"
+             # the join takes STORE/pieces/part-* in order, and a rerun refuses any other name there
+             [[ ${2##*/} =~ ^part-[a-z]{2,}$ ]] \
+               || die "--piece $2 is not named part-aa, part-ab, ... as scripts/gpu_payload.sh's split names its pieces; nothing was written: pass the pieces it wrote, unrenamed"
+             PIECES+=("$(abs "$2")"); shift 2 ;;
     --sha256) [[ ${2:-} =~ ^[0-9a-f]{64}$ ]] || die "--sha256 needs 64 hex digits"; SHA=$2; shift 2 ;;
     --steps) count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
     --questions) count "$1" "${2:-}"; QUESTIONS=$2; shift 2 ;;
@@ -77,7 +83,8 @@ if [ ${#PIECES[@]} -gt 0 ] || [ -n "$SHA" ]; then
     # what a rerun replaces must be what a run writes: pieces/part-*, payload.tar (and its temporary), wheels/*.whl, and
     # the trees data/ and site/ that the unpack and pip write
     foreign=$(cd "$STORE" && find . -mindepth 1 ! \( -path ./.ziprl-gpu-store -o -path ./payload.tar \
-      -o -path './.payload.tar.*' -o -path ./pieces -o -path './pieces/part-*' -o -path ./wheels -o -path './wheels/*.whl' \
+      -o -path './.payload.tar.*' -o -path ./pieces -o \( -path './pieces/part-*' ! -path './pieces/*/*' \) \
+      -o -path ./wheels -o -path './wheels/*.whl' \
       -o -path ./data -o -path './data/*' -o -path ./site -o -path './site/*' \) -print -quit)
     [ -z "$foreign" ] \
       || die "--store $STORE holds ${foreign#./}, which this script does not write; nothing was written or deleted: move it out, or choose a new directory"
@@ -160,12 +167,34 @@ if [ ${#PIECES[@]} -gt 0 ]; then
   [ -n "$SHA" ] || exit 0
 fi
 if [ -n "$SHA" ]; then
-  mapfile -t pieces < <(find "$STORE/pieces" -type f -name 'part-*' | sort)
-  [ ${#pieces[@]} -gt 0 ] || die "no pieces in $STORE/pieces"
-  part=$(mktemp "$STORE/.payload.tar.XXXXXX") || die "cannot write $STORE"
-  got=$(cat "${pieces[@]}" | tee "$part" | sha256sum | cut -d' ' -f1) || { rm -f "$part"; die "cannot join the pieces into $part"; }
-  [ "$got" = "$SHA" ] || { rm -f "$part"; die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/})"; }
-  mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"
+  pieces=()
+  [ ! -d "$STORE/pieces" ] || mapfile -t pieces < <(find "$STORE/pieces" -mindepth 1 -maxdepth 1 -type f -name 'part-*' | sort)
+  if [ ${#pieces[@]} -gt 0 ]; then
+    part=$(mktemp "$STORE/.payload.tar.XXXXXX") || die "cannot write $STORE"
+    got=$(cat "${pieces[@]}" | tee "$part" | sha256sum | cut -d' ' -f1) || { rm -f "$part"; die "cannot join the pieces into $part"; }
+    if [ "$got" != "$SHA" ]; then
+      rm -f "$part"
+      # the pieces an earlier command copied: the rest of this payload, or a stale one's left by a join that failed
+      given=" ${PIECES[*]##*/} "
+      earlier=()
+      for piece in "${pieces[@]}"; do
+        [[ $given = *" ${piece##*/} "* ]] || earlier+=("${piece##*/}")
+      done
+      hint="send the missing or damaged piece again"
+      [ ${#earlier[@]} -eq 0 ] \
+        || hint="$hint; not given by this command: ${earlier[*]} (an earlier command's: if any is another payload's, remove them with rm $STORE/pieces/part-* and send every piece of this payload again)"
+      die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/}); $hint"
+    fi
+    mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"
+    # joined and checked: the pieces (copied by this script, part-* plain files in its marked store) are spent, and a
+    # later payload's would otherwise be joined with them
+    rm -f -- "${pieces[@]}" || die "cannot remove the joined pieces from $STORE/pieces"
+  else
+    [ -f "$STORE/payload.tar" ] || die "no pieces in $STORE/pieces"
+    got=$(sha256sum < "$STORE/payload.tar" | cut -d' ' -f1) || die "cannot read $STORE/payload.tar"
+    [ "$got" = "$SHA" ] \
+      || die "no pieces in $STORE/pieces, and $STORE/payload.tar's sha256 is $got, not $SHA: send this payload's pieces"
+  fi
   tar -xf "$STORE/payload.tar" -C "$STORE" || die "cannot unpack $STORE/payload.tar"
   # only what this Python lacks: a second copy of a package it has would shadow the one its torch was installed with
   mapfile -t wheels < <("$PY" scripts/_wheels.py missing "$STORE/wheels" | sed '/^$/d')

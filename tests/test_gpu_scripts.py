@@ -86,7 +86,26 @@ def test_pieces_are_copied_into_the_store_and_a_damaged_payload_is_refused(tmp_p
     joined = run(LEARN, "--store", str(store), "--sha256", right)
     assert joined.returncode == 2 and "cannot unpack" in joined.stderr  # not a tar: it stops there
     assert (store / "payload.tar").read_bytes() == b"first half second half"
-    assert sorted(digests(store)) == sorted([*listing, "payload.tar"])
+    assert sorted(digests(store)) == [".ziprl-gpu-store", "payload.tar", "pieces"]  # the joined pieces are spent
+
+
+@pytest.mark.parametrize("name", ["piece1", "part-aa.bin", "part-AA", "part-a1", "part-", "xpart-aa"])
+def test_a_piece_not_named_as_split_names_it_is_refused_before_anything_is_written(tmp_path, name):
+    """The join takes STORE/pieces/part-* and a rerun refuses any other file there: a piece named otherwise was
+    copied in (exit 0) and left the store refused for good. It is refused with the arguments, in a dry run too."""
+    piece = tmp_path / "x" / name
+    piece.parent.mkdir()
+    piece.write_bytes(b"x")
+    for dry in ([], ["--dry-run"]):
+        done = run(LEARN, *dry, "--piece", str(piece), "--store", str(tmp_path / "store"))
+        assert done.returncode == 2, done.stdout
+        assert done.stderr.splitlines() == [f"gpu_learn: --piece {piece} is not named part-aa, part-ab, ... as "
+                                            "scripts/gpu_payload.sh's split names its pieces; nothing was written: "
+                                            "pass the pieces it wrote, unrenamed"]
+        assert not (tmp_path / "store").exists()
+    long = tmp_path / "part-zaaa"  # split's suffixes grow past part-zz (GNU split: part-yz, part-zaaa, ...)
+    long.write_bytes(b"x")
+    assert run(LEARN, "--piece", str(long), "--store", str(tmp_path / "store")).returncode == 0
 
 
 def test_a_store_the_script_did_not_write_is_refused_before_anything_is_written(tmp_path):
@@ -155,7 +174,7 @@ def test_a_link_inside_the_scripts_store_is_refused_before_a_copy_writes_through
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
 
 
-@pytest.mark.parametrize("entry", ["notes.txt", "pieces/notes.txt", "wheels/notes.txt"])
+@pytest.mark.parametrize("entry", ["notes.txt", "pieces/notes.txt", "wheels/notes.txt", "pieces/part-zz/notes.txt"])
 def test_a_file_of_yours_in_the_scripts_store_is_refused_before_anything_is_written(tmp_path, entry):
     """A store the script marked, holding a file it never writes: the next piece (or join) could replace it, so the
     run is refused with the file named, and the store is unchanged."""
@@ -333,6 +352,77 @@ def test_the_payload_installs_only_the_packages_this_python_lacks(tmp_path):
     assert (tmp_path / "store" / "data").is_dir()
     again = run(LEARN, "--store", str(tmp_path / "store"), "--sha256", sha)
     assert again.returncode == 0 and "no CUDA GPU" in again.stdout  # without --install-only the run comes next
+
+
+def payload(folder: Path, module: str, n: int) -> tuple[list[Path], str]:
+    """A payload holding one wheel (of ``module``) and data/, split into ``n`` pieces part-aa, part-ab, ... in
+    ``folder``; with its sha256."""
+    src = folder / "src"
+    (src / "wheels").mkdir(parents=True)
+    (src / "data").mkdir()
+    wheel(src / "wheels", module, "1.0")
+    data = Path(shutil.make_archive(str(folder / "payload"), "tar", src)).read_bytes()
+    size = -(-len(data) // n)
+    pieces = [folder / f"part-a{chr(ord('a') + i)}" for i in range(n)]
+    for i, piece in enumerate(pieces):
+        piece.write_bytes(data[i * size:(i + 1) * size])
+    return pieces, hashlib.sha256(data).hexdigest()
+
+
+def test_a_new_payload_installs_over_an_older_one_in_the_same_store(tmp_path):
+    """Payload A (3 pieces) installed, then payload B (2 pieces) into the same store: A's part-ac was joined with B's
+    pieces and B refused for good. Once a join matches, its pieces are removed; a rerun with --sha256 alone installs
+    STORE/payload.tar again, and refuses it when it is another payload."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, sha_a = payload(tmp_path / "a", "ziprl_probe_a", 3)
+    b, sha_b = payload(tmp_path / "b", "ziprl_probe_b", 2)
+    store = tmp_path / "store"
+    for piece in a[:-1]:
+        assert run(LEARN, "--piece", str(piece), "--store", str(store)).returncode == 0
+    done = run(LEARN, "--piece", str(a[-1]), "--store", str(store), "--sha256", sha_a, "--install-only")
+    assert done.returncode == 0, done.stderr
+    assert not list((store / "pieces").iterdir())
+    assert run(LEARN, "--piece", str(b[0]), "--store", str(store)).returncode == 0
+    done = run(LEARN, "--piece", str(b[1]), "--store", str(store), "--sha256", sha_b, "--install-only")
+    assert done.returncode == 0, done.stderr
+    assert (store / "site" / "ziprl_probe_b.py").is_file()
+    assert (store / "payload.tar").read_bytes() == b"".join(p.read_bytes() for p in b)
+    assert not list((store / "pieces").iterdir())
+    again = run(LEARN, "--store", str(store), "--sha256", sha_b, "--install-only")
+    assert again.returncode == 0 and "gpu_learn: installed" in again.stdout, again.stderr
+    before = digests(store)
+    stale = run(LEARN, "--store", str(store), "--sha256", sha_a)
+    assert stale.returncode == 2 and f"payload.tar's sha256 is {sha_b}, not {sha_a}" in stale.stderr, stale.stderr
+    assert digests(store) == before
+
+
+def test_a_mismatch_names_the_pieces_this_command_did_not_give_and_deletes_nothing(tmp_path):
+    """Payload A's upload abandoned (its 3 pieces left in the store), then payload B's 2 pieces in one command: A's
+    part-ac is joined with them. The refusal names it as not given by this command, with the fix, and removes
+    nothing; once the user removes the stale pieces, B installs."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, _ = payload(tmp_path / "a", "ziprl_probe_a", 3)
+    b, sha_b = payload(tmp_path / "b", "ziprl_probe_b", 2)
+    store = tmp_path / "store"
+    assert run(LEARN, *(arg for piece in a for arg in ("--piece", str(piece))), "--store", str(store)).returncode == 0
+    done = run(LEARN, "--piece", str(b[0]), "--piece", str(b[1]), "--store", str(store), "--sha256", sha_b,
+               "--install-only")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "a piece is missing or damaged (have: part-aa part-ab part-ac)" in line
+    assert (f"not given by this command: part-ac (an earlier command's: if any is another payload's, remove them with "
+            f"rm {store}/pieces/part-* and send every piece of this payload again)") in line
+    assert sorted(digests(store)) == [".ziprl-gpu-store", "pieces", "pieces/part-aa", "pieces/part-ab",
+                                      "pieces/part-ac"]
+    assert (store / "pieces" / "part-ac").read_bytes() == a[2].read_bytes()
+    for piece in (store / "pieces").iterdir():  # the fix it names
+        piece.unlink()
+    done = run(LEARN, "--piece", str(b[0]), "--piece", str(b[1]), "--store", str(store), "--sha256", sha_b,
+               "--install-only")
+    assert done.returncode == 0, done.stderr
+    assert (store / "site" / "ziprl_probe_b.py").is_file()
 
 
 def test_the_rounds_plan_shares_its_minutes_among_the_five_measurements(tmp_path):
