@@ -240,3 +240,25 @@ def test_an_error_a_ray_actor_raised_is_told_by_its_own_message():
 
     assert one_line(RayTaskErrorLike(Actor("checkpoint c does not fit this model"))) == \
         "checkpoint c does not fit this model"
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_damaged_converted_default_model_is_named_before_the_run_directory_is_written(tmp_path, monkeypatch, capsys,
+                                                                                      no_models, command):
+    """A kill or a full disk cut the cached conversion short: the run refused it only after writing its config.json,
+    and the rerun was then told to pass --resume (which found no checkpoint)."""
+    from ziprl.policy import models
+
+    target = tmp_path / "cache" / "models" / f"{models.DEFAULT_MODEL_NAME}-{models.gguf_hash(models.default_gguf_path())}"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text('{"model_type": "llama"}')
+    safetensors(target / "model.safetensors", truncate=True)
+    monkeypatch.setenv("ZIPRL_CACHE", str(tmp_path / "cache"))
+    main = {"train": train.main, "eval": eval_cmd.main}[command]
+    out = tmp_path / "run"
+    for _ in range(2):  # the rerun is told the same, not "pass --resume"
+        assert main(["--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the converted default model in {target} is damaged" in err[0], err
+        assert f"delete {target} and run again" in err[0], err
+        assert not out.exists() or sorted(p.name for p in out.iterdir()) in ([], [".ziprl-lock"]), list(out.iterdir())

@@ -46,7 +46,7 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     """Raise on a bad input of a run (train, launch) or an evaluation before anything is written or deleted
     (seconds, no model loads); an input inside an entry of ``deleted`` (what ``--overwrite`` deletes) too.
 
-    Model and SFT checkpoint directories are checked, not loaded; the dataset's questions are loaded with the
+    Model and SFT checkpoint directories are checked, not loaded (the embedded default model is converted first, once); the dataset's questions are loaded with the
     loader's own validation; the corpus, when one is known without building it (explicit, a QA file's neighbour,
     a shipped one), is read in full (:func:`~ziprl.retrieval.corpus.scan_corpus`: every line, unique ids) and must
     hold at least ``env.top_k`` and ``retriever.shards`` passages (an index directory alone: its manifest's count);
@@ -54,7 +54,7 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     """
     from ziprl.config import ConfigError, check_top_k
     from ziprl.outputs import refuse_inputs_inside
-    from ziprl.policy.models import check_model_paths
+    from ziprl.policy.models import check_default_model, check_model_paths
     from ziprl.registry import DATASETS
     from ziprl.retrieval.corpus import scan_corpus
     from ziprl.retrieval.datasets import corpus_source, load_questions
@@ -93,6 +93,8 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
                              ("retriever.embeddings", r.embeddings, Path.is_file)):
         if value is not None and not ok(Path(value).expanduser()):
             raise RetrieverError(f"{field} {value} does not exist; set it to an existing path, or null for the default")
+    if cfg.model.path is None:  # the embedded default, last (its first use converts it): checked before the first write
+        check_default_model(cfg.model)
 
 
 def at_least(low: float, kind: type = int) -> Callable[[str], float]:

@@ -59,6 +59,17 @@ def resolve_model_path(cfg: ModelConfig) -> Path:
     return validate_model_dir(Path(cfg.path).expanduser())
 
 
+def check_default_model(cfg: ModelConfig) -> Path:
+    """The converted embedded default model (converted now when missing), checked as :func:`validate_model_dir` does;
+    a damaged one is a ModelPathError naming the cache directory to delete."""
+    path = resolve_model_path(cfg)
+    try:
+        return validate_model_dir(path)
+    except ModelPathError as exc:
+        raise ModelPathError(f"the converted default model in {path} is damaged ({exc}); delete {path} and run again: "
+                             "it is converted anew from the embedded GGUF") from None
+
+
 def check_model_paths(model_path: str | None, sft_checkpoint: str | None = None) -> None:
     """Fail fast (before any data or model loads) when ``model.path`` or ``run.sft_checkpoint`` is not a model."""
     if sft_checkpoint and not Path(sft_checkpoint).expanduser().is_dir():
