@@ -21,14 +21,15 @@ from pathlib import Path
 from ziprl.boundary import not_utf8, printable
 from ziprl.cli.common import at_least, listed, one_of  # noqa: F401  (the benchmarks' argument types)
 from ziprl.outputs import OutputError, locked, work_dir
-from ziprl.paths import atomic_write_text
+from ziprl.paths import LEFTOVER, atomic_write_text
 from ziprl.policy.cpu.isa import cpu_flags
 
 if not_utf8(sys.argv[1:]):  # every benchmark imports this first: refused before any work, as ZipRL's commands are
     print(f"error: {not_utf8(sys.argv[1:])}", file=sys.stderr)
     raise SystemExit(2)
 
-RESULTS = Path(__file__).resolve().parent / "results"
+SCRIPTS = Path(__file__).resolve().parent  # the benchmark scripts: <stem>.py
+RESULTS = SCRIPTS / "results"
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a results name: files in RESULTS, never a path
 REPO = RESULTS.parents[1]
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")  # the ones kernels choose by
@@ -171,6 +172,17 @@ def results_name(name: str) -> str:
     return name
 
 
+def results_names(*suffixes: str) -> Callable[[str], str]:
+    """An argparse ``type`` for a script that writes ``<name><suffix>`` for each of ``suffixes`` (``""``: ``<name>``
+    itself): :func:`results_name` of every one, so a name whose derived results another script wrote is refused
+    before any work, not after the first file was written."""
+    def check(name: str) -> str:
+        for suffix in suffixes or ("",):
+            results_name(name + suffix)
+        return name
+    return check
+
+
 def png_writer(path: Path) -> str | None:
     """The script a plot's PNG names as its writer (``ziprl.plots.save_figure`` tags it), or None (untagged, or not
     a PNG)."""
@@ -189,8 +201,8 @@ def png_writer(path: Path) -> str | None:
 def check_plots(name: str, suffixes: tuple[str, ...] = ("",)) -> str:
     """``name``, once the plots this script writes for it (``<name><suffix>.png`` in RESULTS) are new or its own:
     tagged by it, or, untagged (written before the tag), beside results it may replace (``<name>[_part].json`` it
-    wrote, or older than the provenance: :func:`results_writer`); ArgumentTypeError otherwise (checked before any
-    work, as :func:`results_name` is)."""
+    wrote, or older than the provenance and named after it: :func:`results_writer`); ArgumentTypeError otherwise
+    (checked before any work, as :func:`results_name` is)."""
     script, beside_own = Path(sys.argv[0]).name, None
     for suffix in suffixes:
         png = RESULTS / f"{name}{suffix}.png"
@@ -199,9 +211,9 @@ def check_plots(name: str, suffixes: tuple[str, ...] = ("",)) -> str:
         writer = png_writer(png)
         if writer is None and beside_own is None:  # results of the name this script may replace (once for all plots)
             parts = [p for p in (RESULTS / f"{name}.json", *RESULTS.glob(f"{glob.escape(name)}_*.json")) if p.is_file()]
-            beside_own = any(results_writer(p.stem) in (script, None) for p in parts)
+            beside_own = any(results_writer(p.stem) == script for p in parts)
         if writer == script or (writer is None and beside_own):
-            continue  # its own, or beside results its writer may replace (its own, or older than the provenance)
+            continue  # its own, or beside results it may replace (its own, or older ones named after it)
         what = f"is a plot of {writer}" if writer else "is not a plot this script wrote"
         raise argparse.ArgumentTypeError(f"{name!r}: {png} {what}; nothing was written: choose another name, or "
                                          "delete it yourself to replace it")
@@ -214,10 +226,21 @@ def plots_name(*suffixes: str) -> Callable[[str], str]:
     return lambda name: check_plots(results_name(name), suffixes or ("",))
 
 
+def legacy_writer(name: str) -> str:
+    """The script that wrote results ``<name>`` older than the provenance (rows, no command): the one they are named
+    after, ``<S>.py`` in :data:`SCRIPTS` with the longest stem ``S`` such that ``name`` is ``S`` or starts with
+    ``S_`` (``cpu_engines_fused_chat``: cpu_engines.py; ``learning_compare_diff``: learning_compare.py, not
+    learning.py); ``""`` when none is."""
+    stems = [p.stem for p in SCRIPTS.glob("*.py") if not p.stem.startswith("_")]
+    named = [s for s in stems if name == s or name.startswith(f"{s}_")]
+    return f"{max(named, key=len)}.py" if named else ""
+
+
 def results_writer(name: str) -> str | None:
-    """The script that wrote the results ``<name>`` (the file name in their provenance's command); None when there
-    are none yet, or they are older than the provenance (no command); ``""`` for files :func:`write_results` did not
-    write (a .json that is not its, a .md without a .json)."""
+    """The script that wrote the results ``<name>`` (the file name in their provenance's command; for results older
+    than the provenance, no command, the script they are named after: :func:`legacy_writer`); None when there are
+    none yet; ``""`` for files :func:`write_results` did not write (a .json that is not its, a .md without a .json,
+    older results named after no script)."""
     js, md = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     if not os.path.lexists(js):
         return "" if os.path.lexists(md) else None
@@ -228,12 +251,24 @@ def results_writer(name: str) -> str | None:
     if not isinstance(data, dict) or "rows" not in data:
         return ""
     if "command" not in data:
-        return None
+        return legacy_writer(name)
     try:
         words = shlex.split(data["command"]) if isinstance(data["command"], str) else []
     except ValueError:  # unbalanced quotes
         words = []
     return Path(words[1]).name if len(words) > 1 else ""
+
+
+def remove_leftovers(name: str) -> None:
+    """Remove the temporaries an earlier :func:`write_results` of ``name`` left in RESULTS when it was killed
+    between its writes (``.<name>.json.<hex>.tmp``, ``.<name>.md.<hex>.tmp``: :data:`ziprl.paths.LEFTOVER`); plain
+    files only, never a link or a directory, nor another name's."""
+    own = {f"{name}.json", f"{name}.md"}
+    with os.scandir(RESULTS) as entries:
+        leftovers = [Path(e.path) for e in entries
+                     if (m := LEFTOVER.fullmatch(e.name)) and m[1] in own and e.is_file(follow_symlinks=False)]
+    for path in leftovers:
+        path.unlink(missing_ok=True)
 
 
 def write_results(name: str, rows: list[dict], meta: dict | None = None,
@@ -246,6 +281,7 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None,
         print(f"error: results name {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     RESULTS.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(name)
     prov = provenance(config)
     js = RESULTS / f"{name}.json"
     atomic_write_text(js, json.dumps({"rows": rows, "meta": meta or {}, **prov}, indent=2) + "\n")

@@ -6,8 +6,9 @@ checkpoints use) against safetensors' buffered ``save_file``, each followed by t
 The default size is the launch's checkpoint (SmolLM2-135M: float32 weights and two AdamW moments). Before each write
 the script waits ``--pause`` seconds: on a virtual machine whose host reclaims the guest's free memory, a write
 right after the previous one reuses pages the host has not taken back yet and reads fast; a checkpoint comes a whole
-learner step after the last one. The two writers alternate (ABAB...). The file is written under ``--dir`` (default:
-a new temporary directory beside the results) and removed. Results: benchmarks/results/<name>.{json,md}.
+learner step after the last one. The two writers alternate (ABAB...). The file is written in a new temporary
+directory under ``--dir`` (default: the system's temporary directory, ``$TMPDIR`` or /tmp, never the repository, where a
+killed run would leave it) and removed. Results: benchmarks/results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, at_least, results_name, write_results  # noqa: E402
+from _common import at_least, results_name, write_results  # noqa: E402
 
 
 def timed_write(writer, tensors, path: Path) -> float:
@@ -55,14 +56,14 @@ def arguments(argv: list[str] | None) -> tuple[argparse.Namespace, tempfile.Temp
                     help="size of the file written (held in memory as float32 tensors)")
     ap.add_argument("--rounds", type=at_least(1), default=2, help="writes per writer, alternating")
     ap.add_argument("--pause", type=at_least(0.0, float), default=15.0, help="seconds to wait before each write")
-    ap.add_argument("--dir", help="an existing writable directory the file is written under (default: a new "
-                                  "temporary directory beside the results)")
+    ap.add_argument("--dir", help="an existing writable directory the file is written under (default: the system's "
+                                  "temporary directory, $TMPDIR or /tmp)")
     ap.add_argument("--name", type=results_name, default="checkpoint_write",
                     help="results name: benchmarks/results/<name>.{json,md}")
     args = ap.parse_args(argv)
     if args.dir and not Path(args.dir).is_dir():
         ap.error(f"--dir {args.dir}: not a directory; create it or leave --dir out")
-    where = Path(args.dir) if args.dir else RESULTS.parent
+    where = Path(args.dir) if args.dir else Path(tempfile.gettempdir())  # not the repository: see the docstring
     try:  # before the tensors are built: a directory that cannot be written is refused at once
         tmp = tempfile.TemporaryDirectory(prefix="checkpoint_write-", dir=where)
     except OSError as exc:

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import at_least, results_name, write_results  # noqa: E402
+from _common import at_least, results_names, write_results  # noqa: E402
 
 from ziprl.boundary import UserError, one_line  # noqa: E402
 
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", required=True, help="a benchmarks/learning.py --out directory")
     ap.add_argument("--max-step", type=at_least(1), default=None, help="read steps up to this one (default: every "
                                                                         "step), so runs of different lengths compare alike")
-    ap.add_argument("--name", type=results_name, default="hrr_credit", help="results file prefix")
+    ap.add_argument("--name", type=results_names("", "_cells"), default="hrr_credit",
+                    help="results file prefix: <name> and <name>_cells")
     args = ap.parse_args(argv)
     runs = Path(args.runs)
     try:  # reads every input before anything is written

@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import at_least, listed, one_of, results_name, write_results  # noqa: E402
+from _common import at_least, listed, one_of, results_names, write_results  # noqa: E402
 
 from ziprl.config.schema import SEED_MAX  # noqa: E402
 from ziprl.testing.learning_task import (  # noqa: E402
@@ -94,7 +94,8 @@ def main() -> None:
                     help="a config override for the gate's runs (repeatable; the HRR check keeps its own settings)")
     ap.add_argument("--hrr-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the HRR check's runs, after its own settings (repeatable)")
-    ap.add_argument("--name", type=results_name, default="learning_gate")
+    ap.add_argument("--name", type=results_names("", "_hrr"), default="learning_gate",
+                    help="results name: <name> (the gate) and <name>_hrr (the HRR check)")
     args = ap.parse_args()
     from ziprl.config import ConfigError, ModelConfig, load_config
     from ziprl.policy.models import build_tiny_llama, resolve_model_path

@@ -27,13 +27,14 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import results_name, write_results  # noqa: E402
+from _common import results_names, write_results  # noqa: E402
 
 from ziprl.outputs import OutputError  # noqa: E402
 from ziprl.rundir import plan_run_dir, prepare_run_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"  # each launch's run directory: runs/scale_sim_s<max_staleness>_<transport>
+RESULT_PARTS = ("", "_memory", "_totals")  # the results report() writes: <name><part>.json and .md
 ROLES = (("RolloutWorker", "rollout actor"), ("LearnerWorker", "learner rank"), ("Retriever", "retriever replica"),
          ("ServeController", "serve controller"), ("raylet", "raylet"), ("gcs_server", "gcs"))
 
@@ -187,7 +188,7 @@ def report(name: str, runs: list[dict], layout: dict) -> None:
                        "learner_wait_frac_mean": sum(s["system/learner_wait_frac"] for s in steps) / len(steps)})
     model = "Qwen3, 2 layers, hidden 64, random init, SmolLM2 tokenizer"
     write_results(name, rows, {"layout": layout, "totals": totals, "memory": memory, "model": model})
-    write_results(name + "_memory", memory)
+    write_results(name + "_memory", memory)  # RESULT_PARTS: each checked when the arguments are parsed
     write_results(name + "_totals", totals)
 
 
@@ -223,7 +224,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--dataset", default="pooled", help="pooled (the paper-like corpus) or sample (quick trials)")
     ap.add_argument("--index-dir", help="an existing index of the dataset's corpus (e.g. from `ziprl.index adopt`)")
-    ap.add_argument("--name", type=results_name, default="scale_sim")
+    ap.add_argument("--name", type=results_names(*RESULT_PARTS), default="scale_sim",
+                    help="results name: <name>, <name>_memory and <name>_totals")
     args = ap.parse_args(argv)
     if args.actors < 1:
         ap.error(f"--actors {args.actors}: give at least 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_every_results_name_option_is_checked_before_the_work():
         text = path.read_text(encoding="utf-8")
         for m in re.finditer(r'add_argument\("--(name|out)",[^\n]*', text):
             names_results = "results" in m.group(0) or m.group(1) == "name"
-            if names_results and not re.search(r"type=(results_name|plots_name\()", m.group(0)):
+            if names_results and not re.search(r"type=(results_name|results_names\(|plots_name\()", m.group(0)):
                 unchecked.append(f"{path.name}: {m.group(0)[:80]}")
     assert not unchecked
 
@@ -173,13 +174,113 @@ def test_results_another_script_wrote_are_refused_when_the_arguments_are_parsed(
     assert digests(results) == before
 
 
-def test_a_script_rewrites_its_own_results_and_any_older_than_the_provenance(common, results, monkeypatch):
-    (results / "old.json").write_text(json.dumps({"rows": [], "meta": {}, "machine": {}}))
-    common.write_results("old", [{"a": 1}])
+def test_a_script_rewrites_its_own_results_and_older_ones_named_after_it(common, results, monkeypatch):
+    (results / "cpu_engines_old.json").write_text(json.dumps({"rows": [], "meta": {}, "machine": {}}))
+    common.write_results("cpu_engines_old", [{"a": 1}])
     monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])
     common.write_results("gate", [{"passed": False}])
     assert json.loads((results / "gate.json").read_text())["rows"] == [{"passed": False}]
-    assert json.loads((results / "old.json").read_text())["command"] == "python benchmarks/cpu_engines.py --out gate"
+    assert (json.loads((results / "cpu_engines_old.json").read_text())["command"]
+            == "python benchmarks/cpu_engines.py --out gate")
+
+
+LEGACY = json.dumps({"rows": [{"a": 1}], "meta": {}, "machine": {}})  # results written before the provenance
+
+
+def test_results_older_than_the_provenance_are_replaced_only_by_the_script_they_are_named_after(common, results,
+                                                                                                monkeypatch, capsys):
+    """A legacy result (rows, no command) once counted as anyone's: ``checkpoint_write.py --name cpu_kernels``
+    replaced cpu_kernels.json. Now only the script it is named after (the longest matching stem) may."""
+    import argparse
+
+    from ziprl.testing.outputs import digests
+
+    (results / "weight_sync_old.json").write_text(LEGACY)
+    (results / "weight_sync_old.md").write_text("| a |\n")
+    (results / "weight_sync_old.png").write_bytes(b"untagged: written before plots were tagged")
+    before = digests(results)
+    assert common.results_writer("weight_sync_old") == "weight_sync.py"
+    with pytest.raises(argparse.ArgumentTypeError, match="hold the results of weight_sync.py, not of cpu_engines.py"):
+        common.results_name("weight_sync_old")  # this process: cpu_engines.py
+    with pytest.raises(argparse.ArgumentTypeError, match="weight_sync_old.png is not a plot this script wrote"):
+        common.check_plots("weight_sync_old")
+    with pytest.raises(SystemExit) as exc:
+        common.write_results("weight_sync_old", [{"b": 2}])
+    assert exc.value.code == 2
+    assert digests(results) == before
+    # the longest stem: learning_compare.py's, not learning.py's
+    (results / "learning_compare_diff.json").write_text(LEGACY)
+    assert common.results_writer("learning_compare_diff") == "learning_compare.py"
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning.py")])
+    with pytest.raises(argparse.ArgumentTypeError, match="hold the results of learning_compare.py, not of learning.py"):
+        common.results_name("learning_compare_diff")
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "weight_sync.py"), "--name", "weight_sync_old"])
+    assert common.plots_name()("weight_sync_old") == "weight_sync_old"
+    common.write_results("weight_sync_old", [{"b": 2}])
+    assert json.loads((results / "weight_sync_old.json").read_text())["rows"] == [{"b": 2}]
+
+
+def test_results_older_than_the_provenance_named_after_no_script_are_refused(common, results, capsys):
+    import argparse
+
+    (results / "sweep_by_hand.json").write_text(LEGACY)
+    assert common.results_writer("sweep_by_hand") == ""
+    with pytest.raises(argparse.ArgumentTypeError, match="hold files no benchmark wrote"):
+        common.results_name("sweep_by_hand")
+    with pytest.raises(SystemExit):
+        common.write_results("sweep_by_hand", [{"b": 2}])
+    assert (results / "sweep_by_hand.json").read_text() == LEGACY
+
+
+def test_every_result_older_than_the_provenance_is_named_after_an_existing_script(common):
+    """The results in benchmarks/results without a command (read, never written, here) each map to their script."""
+    legacy = {}
+    for path in sorted((BENCH / "results").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "rows" in data and "command" not in data:
+            legacy[path.stem] = common.legacy_writer(path.stem)
+    assert legacy, "no legacy results found: is this the repository's benchmarks/results?"
+    orphans = sorted(name for name, writer in legacy.items() if not writer or not (BENCH / writer).is_file())
+    assert not orphans
+    assert legacy.get("learning_compare_diff", "learning_compare.py") == "learning_compare.py"
+    assert legacy.get("scale_sim_t20_memory", "scale_sim.py") == "scale_sim.py"
+
+
+def test_a_name_whose_derived_results_another_script_wrote_is_refused(common, results):
+    import argparse
+
+    check = common.results_names("", "_hrr")  # this process: cpu_engines.py; results/gate.json is learning_gate.py's
+    assert check("mine") == "mine"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'gate': .*hold the results of learning_gate.py"):
+        common.results_names("_x", "")("gate")
+    (results / "gate.json").rename(results / "mine_hrr.json")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'mine_hrr': .*hold the results of learning_gate.py"):
+        check("mine")
+
+
+def test_the_learning_gate_checks_its_hrr_results_name_when_the_arguments_are_parsed(common, results, monkeypatch,
+                                                                                     capsys):
+    """learning_gate.py writes <name> and <name>_hrr: a --name whose _hrr results another script wrote is refused
+    before any run, not after the gate's results were written."""
+    from ziprl.testing.outputs import digests
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        learning_gate = importlib.import_module("learning_gate")
+    finally:
+        sys.path.remove(str(BENCH))
+    common.write_results("mine_hrr", [{"a": 1}])  # this process: cpu_engines.py
+    before = digests(results)
+    # nothing to run either: without the check, argparse would pass and the run would exit on that instead
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py"), "--name", "mine", "--seeds", "",
+                                      "--mutations", "none", "--hrr-seeds", "", "--drift-seeds", ""])
+    with pytest.raises(SystemExit) as exc:
+        learning_gate.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --name: 'mine_hrr':" in err
+    assert "hold the results of cpu_engines.py, not of learning_gate.py; nothing was written" in err
+    assert digests(results) == before
 
 
 @pytest.mark.parametrize(("name", "text"), [("notes.md", "# measured by hand\n"), ("sweep.json", '{"results": {}}'),
@@ -250,3 +351,44 @@ def test_plots_another_script_wrote_or_none_did_are_refused(common, results, mon
         common.check_plots("gate", ("_reward",))
     monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])  # which wrote results/gate.json
     assert common.check_plots("gate", ("_reward",)) == "gate"
+
+
+def test_write_results_removes_the_temporaries_a_killed_write_of_its_name_left(common, results, monkeypatch):
+    """A write killed between its two atomic writes leaves ``.<name>.json.<hex>.tmp``; the next write of that name
+    removes it (and the .md's), but not another name's, a link, or a directory."""
+    own = [results / ".gate.json.0123abcd.tmp", results / ".gate.md.deadbeef.tmp"]
+    for path in own:
+        path.write_text("torn")
+    kept = [results / ".gate_hrr.json.0123abcd.tmp", results / ".gate.json.x.tmp", results / ".gate.jsonl.0123abcd.tmp"]
+    for path in kept:
+        path.write_text("another's")
+    (results / ".gate.json.feedbeef.tmp").symlink_to(results / "gate.md")
+    (results / ".gate.md.abcd_123.tmp").mkdir()
+    kept += [results / ".gate.json.feedbeef.tmp", results / ".gate.md.abcd_123.tmp"]
+    common.write_results("other", [{"a": 1}])
+    assert all(p.exists() for p in own)  # only the name written
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "learning_gate.py")])  # which wrote results/gate.json
+    common.write_results("gate", [{"a": 2}])
+    assert not any(os.path.lexists(p) for p in own)
+    assert all(os.path.lexists(p) for p in kept)
+    assert (results / "gate.md").is_file()
+
+
+def test_checkpoint_write_writes_its_file_under_the_system_temporary_directory(common, tmp_path, monkeypatch):
+    """Not beside the results: a killed run would leave a checkpoint-sized file in the repository for good."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "system-tmp"))
+    (tmp_path / "system-tmp").mkdir()
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "checkpoint_write.py")])
+    sys.path.insert(0, str(BENCH))
+    try:
+        checkpoint_write = importlib.import_module("checkpoint_write")
+    finally:
+        sys.path.remove(str(BENCH))
+    args, tmp = checkpoint_write.arguments(["--gb", "0.001", "--name", "ckpt"])
+    try:
+        assert Path(tmp.name).parent == tmp_path / "system-tmp"
+    finally:
+        tmp.cleanup()

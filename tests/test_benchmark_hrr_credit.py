@@ -123,3 +123,24 @@ def test_a_step_file_that_is_not_parquet_exits_2_naming_it_before_anything_is_wr
     assert f"error: --runs: {bad} is not a trajectory file" in err and "give another --runs" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "results").exists()
+
+
+def test_a_name_whose_cells_results_another_script_wrote_is_refused_before_anything_is_written(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """hrr_credit.py writes <name> and <name>_cells: both are checked when the arguments are parsed, so it never
+    writes the first and then refuses the second."""
+    from ziprl.testing.outputs import digests
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "credit_cells.json").write_text(json.dumps({"rows": [], "command":
+                                                                        "python benchmarks/learning.py"}))
+    monkeypatch.setattr(sys, "argv", [str(REPO / "benchmarks" / "hrr_credit.py")])
+    runs = tmp_path / "runs"
+    _write_run(runs, "w0_seed0", [[_turn("search", None), _turn("open", 0.5), _turn("answer", 0.7)]])
+    before = digests(tmp_path / "results")
+    with pytest.raises(SystemExit) as exc:
+        hrr_credit.main(["--runs", str(runs), "--name", "credit"])
+    assert exc.value.code == 2
+    assert "argument --name: 'credit_cells':" in capsys.readouterr().err
+    assert digests(tmp_path / "results") == before

@@ -93,3 +93,15 @@ def test_the_launches_replace_their_earlier_runs_and_write_one_row_per_step(sim,
     rows = json.loads((sim / "results" / "scale_sim.json").read_text())["rows"]
     assert [(r["max_staleness"], r["transport"]) for r in rows] == [(1, "object_store"), (0, "collective")]
     assert json.loads((sim / "runs" / "scale_sim_s1_object_store" / "metrics.jsonl").read_text()) == step
+
+
+@pytest.mark.parametrize("part", ["_memory", "_totals"])
+def test_a_name_whose_derived_results_another_script_wrote_exits_2_before_anything_is_written(sim, capsys, part):
+    """scale_sim.py writes <name>, <name>_memory and <name>_totals after each launch: each is checked when the
+    arguments are parsed, not after the first launch wrote <name>.json."""
+    (sim / "results" / f"scale_sim{part}.json").write_text(json.dumps({"rows": [], "command":
+                                                                       "python benchmarks/gpu_step.py"}))
+    before = digests(sim)
+    err = refused(["--runs", "1:object_store"], capsys)
+    assert f"argument --name: 'scale_sim{part}':" in err and "hold the results of gpu_step.py" in err
+    assert digests(sim) == before
