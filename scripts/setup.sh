@@ -13,11 +13,17 @@ for arg in "$@"; do
   case "$arg" in
     --llamacpp) LLAMACPP=1 ;;
     -h|--help) sed -n '2,8p' scripts/setup.sh; exit 0 ;;
-    *) echo "[setup] unknown option $arg (known: --llamacpp, --help)" >&2; exit 2 ;;
+    *) echo "error: unknown option $arg (known: --llamacpp, --help)" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
+if [ -e .venv ] || [ -L .venv ]; then  # installs go only into a virtual environment, never into another Python
+  if [ ! -f .venv/pyvenv.cfg ] || [ ! -x .venv/bin/python ]; then
+    echo "error: .venv exists but is not a Python virtual environment (no .venv/pyvenv.cfg and .venv/bin/python);" \
+      "nothing was installed: move it away and run again (set-up creates .venv)" >&2
+    exit 2
+  fi
+else
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi

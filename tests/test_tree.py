@@ -24,6 +24,7 @@ CROSS_CUTTING = {  # top-level test files that mirror no one module: what each c
     "test_gpu_check.py": "scripts/gpu_check.sh without a GPU",
     "test_gpu_scripts.py": "scripts/gpu_learn.sh and scripts/gpu_payload.sh",
     "test_data_scripts.py": "scripts/make_invented.py, scripts/make_sample.py and scripts/viewer_demo_run.py",
+    "test_setup_script.py": "scripts/setup.sh's checks before it installs anything",
     "test_cluster_yaml.py": "cluster/a100x8.yaml",
     "test_one_step_example.py": "examples/one_step.py",
     "test_benchmark_common.py": "benchmarks/_common.py",
