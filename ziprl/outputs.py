@@ -217,11 +217,13 @@ def refuse_links(out: Path, names: Iterable[str] | None = None, flag: str = "") 
 def used(out: Path) -> bool:
     """Whether the directory ``out`` holds anything besides the marker, a lock (:func:`is_lock`) and what a killed
     write of the marker left (:func:`sweep_leftovers` removes it)."""
-    return any(p.name != MARKER and not (p.name == LOCK and is_lock(p)) and not _marker_leftover(p)
+    return any(p.name != MARKER and not (p.name == LOCK and is_lock(p)) and not marker_leftover(p)
                for p in out.iterdir())
 
 
-def _marker_leftover(path: Path) -> bool:
+def marker_leftover(path: Path) -> bool:
+    """Whether ``path`` is the temporary a killed write of the marker left (``..ziprl-run.<8 characters>.tmp``, a plain
+    file, not a link)."""
     found = LEFTOVER.fullmatch(path.name)
     return found is not None and found[1] == MARKER and path.is_file() and not path.is_symlink()
 

@@ -3,10 +3,14 @@ store, precomputed embeddings and adopting a prebuilt FAISS index (real FAISS, r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
+import resource
+import signal
 from pathlib import Path
 
 import faiss
@@ -640,3 +644,199 @@ def test_parquet_rows_without_a_whole_vector_are_named(data, encoder, tmp_path, 
     with pytest.raises(RetrieverError, match=rf"embeddings {path} column 'emb', {needle}"):
         build_index(data[0], tmp_path / "o", encoder, embeddings=path, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.parquet"]
+
+
+# ---------------------------------------------------------------- kills, full disks, read-only caches
+
+
+@contextlib.contextmanager
+def _file_size_limit(size: int):
+    """Writes past ``size`` bytes fail with EFBIG (as a full disk fails them with ENOSPC) while the block runs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_faiss_file_cut_short_by_a_full_disk_is_never_renamed_into_place(data, tmp_path):
+    """faiss.write_index only prints a failed final flush: the short file must raise, not be taken as whole."""
+    index = faiss.IndexFlatIP(DIM)
+    index.add(data[3][:200])
+    size = len(faiss.serialize_index(index))
+    with _file_size_limit(size - 45), pytest.raises(OSError) as err:  # only the last flush fails
+        IB._write_index(index, tmp_path / "index.faiss")
+    assert err.value.errno == errno.EFBIG and err.value.filename == str(tmp_path / "index.faiss")
+    assert list(tmp_path.iterdir()) == []  # no short file, no temporary
+    IB._write_index(index, tmp_path / "index.faiss")
+    assert (tmp_path / "index.faiss").stat().st_size == size
+    assert faiss.read_index(str(tmp_path / "index.faiss")).ntotal == 200
+
+
+@pytest.mark.parametrize("name", ["trained.faiss", "index.faiss"])
+def test_a_full_disk_during_a_build_is_one_error_line_and_the_rerun_finishes(data, tmp_path, capsys, monkeypatch,
+                                                                             name):
+    corpus, emb, _, _ = data
+    out = tmp_path / "idx"
+    real = IB._write_index
+
+    def short(index, path):
+        if path.name != name:
+            return real(index, path)
+        with _file_size_limit(len(faiss.serialize_index(index)) - 45):
+            return real(index, path)
+
+    args = ["build", "--corpus", str(corpus), "--out", str(out), "--embeddings", str(emb), "--index", "IVF8,Flat",
+            "--train-size", "400", "--no-progress"]
+    with monkeypatch.context() as m:
+        m.setattr(IB, "_write_index", short)
+        assert cli(args) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{name}: File too large" in lines[0] and "Traceback" not in err, err
+    assert not (out / "manifest.json").exists()
+    assert cli(args) == 0
+    assert len(Retriever.load(out, nprobe=8)) == N
+    assert not (tmp_path / ".idx.partial").exists()
+
+
+@pytest.mark.parametrize("how", ["killed", "full disk"])
+@pytest.mark.parametrize("command", ["build", "adopt"])
+def test_a_work_directory_stopped_before_it_was_marked_is_taken_back(data, encoder, tmp_path, monkeypatch, how,
+                                                                    command):
+    """Stopped between creating ``.<out>.partial`` (``.adopting``) and marking it: empty, or holding the marker's
+    temporary; the rerun takes it back instead of refusing it forever."""
+    corpus, _, _, x = data
+    out = tmp_path / "idx"
+    work = tmp_path / (".idx.partial" if command == "build" else ".idx.adopting")
+    real = IB.write_marker
+
+    def stopped(path, kind, *args):
+        if Path(path) != work:
+            return real(path, kind, *args)
+        if how == "killed":
+            (work / "..ziprl-run.10229f39.tmp").write_text('{"form')
+            raise KeyboardInterrupt
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    flat_file(x, tmp_path / "x.faiss")
+    run = (lambda: _build(data, encoder, out)) if command == "build" else (
+        lambda: adopt_index(tmp_path / "x.faiss", corpus, out, encoder, progress=False))
+    with monkeypatch.context() as m:
+        m.setattr(IB, "write_marker", stopped)
+        m.setattr(IB, "_clear_work", lambda w: None)  # adopt's own clean-up: not run by a killed process
+        with pytest.raises((KeyboardInterrupt, OSError)):
+            run()
+    assert work.is_dir() and IB.read_marker(work) is None
+    assert len(Retriever.load(run(), encoder)) == N
+    assert not work.exists()
+
+
+def test_a_kill_while_the_install_marks_out_leaves_nothing_in_the_way(data, encoder, tmp_path, monkeypatch):
+    """Killed while writing the marker of ``out`` (the install planned, its plan recorded): the marker's temporary in
+    ``out`` is no user's file; the rerun removes it and finishes the install."""
+    out = _build(data, encoder, tmp_path / "idx")
+    real = IB.write_marker
+
+    def killed(path, kind, *args):
+        if Path(path) != out:
+            return real(path, kind, *args)
+        (out / "..ziprl-run.10229f39.tmp").write_text('{"form')
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(IB, "write_marker", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _build(data, encoder, out, shards=2, overwrite=True)
+    assert "swap" in json.loads((tmp_path / ".idx.partial" / "progress.json").read_text())
+    _build(data, encoder, out, shards=2)
+    assert sorted(p.name for p in out.iterdir()) == [".ziprl-lock", ".ziprl-run", "manifest.json", "shard-000",
+                                                     "shard-001"]
+    assert Retriever.load(out, encoder).manifest["shards"] == 2
+
+
+def test_a_kill_while_a_stale_partial_build_is_deleted_leaves_it_marked(data, encoder, tmp_path, monkeypatch):
+    """A partial build of other inputs is deleted marker last: a kill midway leaves it marked (or empty) for the
+    rerun, never an unmarked folder of files."""
+    work = tmp_path / ".idx.partial"
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(IB, "fill_index", boom)
+        with pytest.raises(KeyboardInterrupt):
+            _build(data, encoder, tmp_path / "idx", chunk_size=50)
+    assert len(os.listdir(work)) > 2  # the marker, the progress, the passage store
+    real, killed = os.unlink, []
+
+    def unlink(path, *args, **kwargs):  # killed right after the marker went while other entries are left
+        real(path, *args, **kwargs)
+        if Path(path).name == ".ziprl-run" and os.listdir(work):
+            killed.append(path)
+            raise KeyboardInterrupt
+
+    real_scandir = os.scandir
+
+    class MarkerFirst:  # a directory order that lists the marker first (the order is the file system's)
+        def __init__(self, *args):
+            with real_scandir(*args) as it:
+                self.entries = sorted(it, key=lambda e: e.name != ".ziprl-run")
+
+        def __enter__(self):
+            return iter(self.entries)
+
+        def __exit__(self, *exc):
+            return False
+
+        def __iter__(self):
+            return iter(self.entries)
+
+        def close(self):
+            pass
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "unlink", unlink)
+        m.setattr(os, "scandir", MarkerFirst)
+        with contextlib.suppress(KeyboardInterrupt):
+            _build(data, encoder, tmp_path / "idx", chunk_size=50, shards=2)
+    assert killed == []
+    r = Retriever.load(_build(data, encoder, tmp_path / "idx", chunk_size=50, shards=2), encoder)
+    assert (r.manifest["shards"], len(r)) == (2, N)
+
+
+def _stats(root):
+    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_an_up_to_date_index_in_a_read_only_cache_is_used(data, tmp_path, monkeypatch):
+    """Reusing an up-to-date index writes nothing, so a read-only cache serves it; a stale one is still refused."""
+    import tempfile
+
+    corpus, emb, _, _ = data
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ZIPRL_CACHE", str(cache))
+    named = tmp_path / "ro" / "named"
+    cfg = RetrieverConfig(corpus=str(corpus), embeddings=str(emb))
+    assert len(Retriever.from_config(cfg)) == N
+    assert len(Retriever.from_config(dataclasses.replace(cfg, index_dir=str(named)))) == N
+    kept = _stats(tmp_path)
+    real = tempfile.TemporaryFile
+
+    def read_only(*args, dir=None, **kwargs):  # noqa: A002 (tempfile's own name)
+        if dir is not None and (cache in Path(dir).parents or tmp_path / "ro" in [Path(dir), *Path(dir).parents]):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert len(Retriever.from_config(cfg)) == N
+    assert IB.index_differences(named, "flat", 1, False) == []  # the input check of retriever.index_dir
+    assert len(Retriever.from_config(dataclasses.replace(cfg, index_dir=str(named)))) == N
+    assert _stats(tmp_path) == kept
+    with pytest.raises(OutputError, match="cannot write in .*Read-only file system"):
+        Retriever.from_config(dataclasses.replace(cfg, shards=2, index_dir=str(named)))
+    assert _stats(tmp_path) == kept

@@ -18,6 +18,7 @@ beside it is on another file system, which no rename can cross; build into a dir
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from ziprl.boundary import UserError
 from ziprl.outputs import (
     LOCK,
     MARKER,
@@ -42,7 +44,9 @@ from ziprl.outputs import (
     delete,
     entries,
     locked,
+    marker_leftover,
     no_marker,
+    normalise,
     plan_replace,
     read_marker,
     refuse_inputs_inside,
@@ -336,8 +340,17 @@ def open_vectors(path: str | Path) -> Vectors:
 
 
 def _write_index(index: faiss.Index, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        faiss.write_index(index, str(tmp))
+    """Write ``index`` to ``path`` atomically. The bytes go through a Python file (a chunk at a time, so no second
+    copy of the index is held), so a short write or a failed final flush (a full disk) raises OSError, naming
+    ``path``, and nothing is renamed into place: ``faiss.write_index(index, name)`` only prints a failed close on
+    stderr and returns as if the truncated file were whole."""
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            faiss.write_index(index, faiss.PyCallbackIOWriter(f.write))
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def train_template(index_type: str, source: Vectors, train_size: int, seed: int = 0) -> faiss.Index:
@@ -412,13 +425,48 @@ def _check_out(out_dir: str | Path, work: str) -> Path:
         raise RetrieverError(f"{out} is a non-empty directory that is not a ZipRL index (it {no_marker(out)}); "
                              "nothing was written: choose another output directory")
     part = out.with_name(f".{out.name}.{work}")
-    if os.path.lexists(part):
+    if os.path.lexists(part) and not _killed_start(part):
         marker = read_marker(part) if part.is_dir() and not part.is_symlink() else None
         if marker is None or marker["kind"] != "index":
             raise RetrieverError(f"{part} is in the way: a build works there, but no build marked it; nothing was "
                                  "written: remove it yourself, or choose another output directory")
         refuse_links(part)
     return out
+
+
+def _killed_start(work: Path) -> bool:
+    """Whether the work directory ``work`` is one a build (or adopt) was killed in, or ran out of space in, between
+    creating it and marking it: a directory (no link) holding nothing, or only a marker temporary. A rerun takes it
+    back like a marked one."""
+    return work.is_dir() and not work.is_symlink() and all(marker_leftover(p) for p in work.iterdir())
+
+
+def _clear_work(work: Path) -> None:
+    """Delete the work directory ``work`` (a marked one, or a killed start: :func:`_check_out` checked it), its marker
+    last, so that a kill midway leaves it marked, or empty, and a rerun still takes it back."""
+    if not os.path.lexists(work):
+        return
+    for p in work.iterdir():
+        if p.name != MARKER:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    (work / MARKER).unlink(missing_ok=True)
+    work.rmdir()
+
+
+def _out_or_refusal(out_dir: str | Path, work: str) -> tuple[Path, UserError | None]:
+    """:func:`_check_out`'s answer and None; or, where it refuses a directory that holds a complete index (marked as
+    one, or unmarked from an older ZipRL) -- a read-only cache, a work directory in the way --, ``out_dir``
+    normalised and the refusal, which the caller raises unless that index is up to date (reusing it writes nothing)."""
+    try:
+        return _check_out(out_dir, work), None
+    except UserError as exc:
+        out = normalise(out_dir)
+        marker = read_marker(out) if out.is_dir() else None
+        marked = marker["kind"] == "index" if marker is not None else not os.path.lexists(out / MARKER)
+        old = read_manifest(out) if out.is_dir() and marked else None
+        if old is None or missing_files(out, old):
+            raise
+        return out, exc
 
 
 def mount_point(path: Path) -> bool:
@@ -492,10 +540,14 @@ def install(work: Path, out: Path, overwrite: bool, waits: str | None = None) ->
         swap = {"delete": [p.name for p in old], "move": sorted(names, key=lambda n: (n == MANIFEST_FILE, n))}
         atomic_write_json(work / PROGRESS_FILE, state | {"swap": swap})
     else:  # out holds the old entries not deleted yet and the new ones moved in, and nothing else
-        foreign = sorted(set(os.listdir(out)) - {MARKER, LOCK, *swap["delete"], *swap["move"]})
+        foreign = sorted(n for n in set(os.listdir(out)) - {MARKER, LOCK, *swap["delete"], *swap["move"]}
+                         if not marker_leftover(out / n))  # what a kill while marking out left: removed below
         if foreign:
             raise OutputError(f"{out} was written while the index was installed ({shown(foreign)}); nothing more was "
                               f"deleted and {waits}: move those entries out of it and run the same command again")
+    for p in out.iterdir():  # under the lock: no write of the marker runs now
+        if marker_leftover(p):
+            p.unlink()
     write_marker(out, "index")
     pending = {n for n in swap["move"] if os.path.lexists(work / n)}  # the others are in out already
     delete([out / n for n in sorted(swap["delete"], key=lambda n: n != MANIFEST_FILE)
@@ -513,7 +565,7 @@ def index_differences(out_dir: str | Path, index_type: str, shards: int, store_v
     """How the index in ``out_dir`` differs in type, shards or stored vectors from one of these settings (its
     manifest only: the corpus is compared when the index is built); [] for a new or empty directory. RetrieverError
     (nothing written) when ``out_dir`` cannot hold an index at all."""
-    out = _check_out(out_dir, "partial")
+    out, _ = _out_or_refusal(out_dir, "partial")  # a refused complete index: build_index refuses it unless reused
     old = read_manifest(out) if out.is_dir() else None
     if old is None:
         return []
@@ -575,7 +627,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise RetrieverError(f"{name} must be an integer >= {low}, got {value!r}")
     factory = factory_string(index_type)
-    out = _check_out(out_dir, "partial")
+    out, refused = _out_or_refusal(out_dir, "partial")
     source = open_vectors(embeddings) if embeddings is not None else None
     scan = scan_corpus(corpus_path, progress)
     if shards > scan.count:
@@ -603,6 +655,8 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
     if _up_to_date(out, build):
         log.info("index %s is up to date with %s (%d passages); reusing it", out, corpus_path, scan.count)
         return out
+    if refused is not None:  # e.g. a read-only cache: only an up-to-date index there can be used
+        raise refused
     work = out.with_name(f".{out.name}.partial")
     inputs = (corpus_path, embeddings, encoder.path)
     state = _progress(work, build)
@@ -625,7 +679,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, encoder: Encoder |
         if state is None:
             if source is not None and resumed:  # another build changed the partial one meanwhile
                 check_finite(source, embeddings, chunk_size)
-            shutil.rmtree(work, ignore_errors=True)  # a partial build of other inputs (marked: checked above)
+            _clear_work(work)  # a partial build of other inputs (marked, or a killed start: checked above)
             work.mkdir()
             write_marker(work, "index")  # a build's own: a rerun may resume it or delete it
             state = {"build": build, "stored": False, "trained": False, "added": [0] * shards,
@@ -730,7 +784,7 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
         _check_out(out, "adopting")  # checked again under the lock
         refuse_inputs_inside(_check_replace(out, overwrite), inputs)
         work = out.with_name(f".{out.name}.adopting")
-        shutil.rmtree(work, ignore_errors=True)  # a killed adopt's (marked: checked above)
+        _clear_work(work)  # a killed adopt's (marked, or a killed start: checked above)
         work.mkdir()
         try:
             write_marker(work, "index")
@@ -739,7 +793,8 @@ def adopt_index(faiss_file: str | Path, corpus_path: str | Path, out_dir: str | 
             atomic_write_json(work / MANIFEST_FILE, manifest)
             install(work, out, overwrite, "nothing was installed")
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the error that stopped the adopt is the one reported
+                _clear_work(work)
             raise
     return out
 
