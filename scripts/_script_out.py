@@ -106,9 +106,9 @@ def building(out: Path, kind: str, script: str) -> Iterator[Path]:
     """A temporary directory beside ``out`` to build ``script``'s output of ``kind`` in, marked when the block ends;
     its files then replace their namesakes in ``out`` (created when missing; kept: it may be a user's empty directory).
     ``out`` is locked first and checked again under the lock (:func:`checked_out`), so what another process wrote
-    there meanwhile is refused, or kept beside the files, never replaced. Every namesake is checked before anything moves: when one is not a plain
-    file (a directory where a file goes, a link, a special file), OutputError names it and ``out`` is left as it
-    was."""
+    there meanwhile is refused, or kept beside the files, never replaced. Every namesake is checked before anything
+    moves: when one is not a plain file (a directory where a file goes, a link, a special file), OutputError names it
+    and ``out`` is left as it was."""
     with hold(out):
         checked_out(out, kind, script)
         sweep_beside(out)  # what a killed build left

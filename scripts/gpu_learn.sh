@@ -16,9 +16,10 @@
 # joined, checked against HEX, the wheels of packages its Python lacks installed into STORE/site and the data unpacked,
 # then the run starts. A piece is named as scripts/gpu_payload.sh's split names it (part-aa, part-ab, ...); once the
 # join matches HEX the pieces are removed from STORE/pieces (a later payload's pieces then start afresh), and a rerun
-# with --sha256 alone installs STORE/payload.tar again when it matches HEX. A machine that has everything runs it without --piece and --sha256. Without CUDA it says so and
-# exits 0. STORE is new, empty, or one this script wrote (it holds STORE/.ziprl-gpu-store), checked before anything is
-# written; the joined payload becomes STORE/payload.tar only once its sha256 matches.
+# with --sha256 alone installs STORE/payload.tar again when it matches HEX. A machine that has everything runs it
+# without --piece and --sha256. Without CUDA it says so and exits 0. STORE is new, empty, or one this script wrote
+# (it holds STORE/.ziprl-gpu-store), checked before anything is written; the joined payload becomes
+# STORE/payload.tar only once its sha256 matches.
 # --install-only stops once the payload is installed (with --sha256; scripts/gpu_round.sh runs next).
 # --dry-run writes the run's config to OUT/learn-gpu.yaml (ZipRL's loader checks it) and prints the plan, anywhere.
 # PYTHON=... picks the interpreter (default .venv/bin/python, else python3). Relative paths are the caller's.
@@ -49,7 +50,8 @@ while [ $# -gt 0 ]; do
     --piece) [ -n "${2:-}" ] || die "--piece needs a file"
              # the join takes STORE/pieces/part-* in order, and a rerun refuses any other name there
              [[ ${2##*/} =~ ^part-[a-z]{2,}$ ]] \
-               || die "--piece $2 is not named part-aa, part-ab, ... as scripts/gpu_payload.sh's split names its pieces; nothing was written: pass the pieces it wrote, unrenamed"
+               || die "--piece $2 is not named part-aa, part-ab, ... as scripts/gpu_payload.sh's split names its" \
+                      "pieces; nothing was written: pass the pieces it wrote, unrenamed"
              PIECES+=("$(abs "$2")"); shift 2 ;;
     --sha256) [[ ${2:-} =~ ^[0-9a-f]{64}$ ]] || die "--sha256 needs 64 hex digits"; SHA=$2; shift 2 ;;
     --steps) count "$1" "${2:-}"; STEPS=$2; shift 2 ;;
@@ -182,7 +184,8 @@ if [ -n "$SHA" ]; then
       done
       hint="send the missing or damaged piece again"
       [ ${#earlier[@]} -eq 0 ] \
-        || hint="$hint; not given by this command: ${earlier[*]} (an earlier command's: if any is another payload's, remove them with rm $STORE/pieces/part-* and send every piece of this payload again)"
+        || hint="$hint; not given by this command: ${earlier[*]} (an earlier command's: if any is another payload's,"\
+" remove them with rm $STORE/pieces/part-* and send every piece of this payload again)"
       die "the payload's sha256 is $got, not $SHA: a piece is missing or damaged (have: ${pieces[*]##*/}); $hint"
     fi
     mv -f "$part" "$STORE/payload.tar" || die "cannot write $STORE/payload.tar"

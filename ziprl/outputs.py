@@ -417,8 +417,9 @@ def lock_path(out: str | Path) -> Path:
 
 @contextmanager
 def hold(out: Path) -> Iterator[None]:
-    """Hold the lock of the output ``out`` (a file, or a directory written whole) (its folder created when missing) while the block runs, then remove the
-    lock file; OutputError, nothing touched, when another process holds it or the name is a file ZipRL did not write."""
+    """Hold the lock of the output ``out`` (a file, or a directory written whole; its folder created when missing)
+    while the block runs, then remove the lock file; OutputError, nothing touched, when another process holds it or
+    the name is a file ZipRL did not write."""
     out.parent.mkdir(parents=True, exist_ok=True)
     path = lock_path(out)
     while True:  # a lock file its holder removed as it ended is opened again: the next holder's is a new one

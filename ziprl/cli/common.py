@@ -46,8 +46,8 @@ def check_inputs(cfg: ZipRLConfig, deleted: tuple[Path, ...] = ()) -> None:
     """Raise on a bad input of a run (train, launch) or an evaluation before anything is written or deleted
     (seconds, no model loads); an input inside an entry of ``deleted`` (what ``--overwrite`` deletes) too.
 
-    Model and SFT checkpoint directories are checked, not loaded (the embedded default model is converted first, once); the dataset's questions are loaded with the
-    loader's own validation; the corpus, when one is known without building it (explicit, a QA file's neighbour,
+    Model and SFT checkpoint directories are checked, not loaded (the embedded default model is converted first,
+    once); the dataset's questions are loaded with the loader's own validation; the corpus, when one is known without building it (explicit, a QA file's neighbour,
     a shipped one), is read in full (:func:`~ziprl.retrieval.corpus.scan_corpus`: every line, unique ids) and must
     hold at least ``env.top_k`` and ``retriever.shards`` passages (an index directory alone: its manifest's count);
     index, encoder and embedding paths must exist.
